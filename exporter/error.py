@@ -1,0 +1,64 @@
+"""One typed error family: every error the exporter raises on purpose is an ``ExporterError``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ExporterError(Exception):
+    """Base of every error the exporter raises on purpose."""
+
+
+class ConfigError(ExporterError):
+    """The configuration is invalid; the message says which setting and why."""
+
+
+class ProtocolError(ExporterError):
+    """A frame or peer violated the engine-core protocol.
+
+    ``kind`` is a short stable label (``not_msgpack``, ``wrong_shape`` ...) used as the
+    ``kind`` label of ``vllm_dp_protocol_errors_total``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class HandshakeError(ExporterError):
+    """The start-up handshake could not complete (timeout, rejected engine, bad INIT)."""
+
+
+class MethodNotAllowed(ExporterError):
+    """The exporter refuses to send a utility method that is not on its allow-list."""
+
+
+class UtilityCallFailed(ExporterError):
+    """An engine answered a utility call with a failure message."""
+
+    def __init__(self, method: str, message: str) -> None:
+        super().__init__(f"utility call {method} failed: {message}")
+        self.method = method
+        self.message = message
+
+
+class InconsistentUtilityResults(ExporterError):
+    """Engines returned different results for a call that needs consensus.
+
+    ``values`` holds every engine's value in engine order; an empty list means no engine
+    produced a result at all (the error vLLM's Rust client raises in that case too).
+    """
+
+    def __init__(self, method: str, values: Sequence[Any]) -> None:
+        self.method = method
+        self.values = list(values)
+        if self.values:
+            text = f"engines returned different {method} results: {self.values!r}"
+        else:
+            text = f"no engine returned a {method} result"
+        super().__init__(text)
+
+
+class NoEngines(ExporterError):
+    """An all-engines operation was asked of a fleet with no connected engine."""

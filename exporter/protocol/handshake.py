@@ -1,0 +1,187 @@
+"""Start-up handshake messages: HELLO / INIT / READY and the input-socket registration.
+
+HELLO and READY are plain maps; INIT is ``EngineHandshakeMetadata``; the registration is the
+``EngineCoreReadyResponse`` map an engine sends first on every input socket. The registration is
+decoded as an untyped map so that the 28-key (0.33), 17-key, extra-key and empty (legacy) forms
+are all accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from exporter.error import ProtocolError
+
+HELLO = "HELLO"
+READY = "READY"
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeMessage:
+    """A HELLO or READY message; ``extra`` keeps keys such as ``parallel_config_hash``."""
+
+    status: str
+    local: bool
+    headless: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineZmqAddresses(msgspec.Struct):
+    """``addresses`` of INIT: one input and one output address per client slot."""
+
+    inputs: list[str]
+    outputs: list[str]
+    coordinator_input: str | None = None
+    coordinator_output: str | None = None
+    frontend_stats_publish_address: str | None = None
+
+
+class EngineHandshakeMetadata(msgspec.Struct):
+    """INIT. Engines decode it strictly: ``parallel_config`` is required, values int|str|[int]."""
+
+    addresses: EngineZmqAddresses
+    parallel_config: dict[str, int | str | list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationInfo:
+    """What the exporter keeps from an engine's registration message."""
+
+    vllm_version: str | None = None
+    enable_sleep_mode: bool | None = None
+    data_parallel_rank: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_init_decoder = msgspec.msgpack.Decoder(EngineHandshakeMetadata)
+
+
+def engine_identity(engine_index: int) -> bytes:
+    """ZMQ identity of DP rank ``engine_index``: two bytes, little endian."""
+    if not 0 <= engine_index <= 0xFFFF:
+        raise ValueError(f"engine index {engine_index} does not fit in two bytes")
+    return engine_index.to_bytes(2, "little")
+
+
+def identity_engine_index(identity: bytes) -> int | None:
+    """Inverse of :func:`engine_identity`; None for identities that are not two bytes."""
+    if len(identity) != 2:
+        return None
+    return int.from_bytes(identity, "little")
+
+
+def _decode_map(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("not_msgpack", f"{what}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("wrong_shape", f"{what} is not a map")
+    return obj
+
+
+def encode_handshake_message(
+    status: str, *, local: bool = False, headless: bool = True, **extra: Any
+) -> bytes:
+    """Encode HELLO/READY with vLLM's key order: status, local, headless, then extras."""
+    return _encoder.encode({"status": status, "local": local, "headless": headless, **extra})
+
+
+def decode_handshake_message(payload: bytes) -> HandshakeMessage:
+    """Decode HELLO/READY; raises ``ProtocolError`` for anything that is not such a map."""
+    obj = _decode_map(payload, "handshake message")
+    status = obj.get("status")
+    if not isinstance(status, str):
+        raise ProtocolError("wrong_shape", "handshake message has no string 'status'")
+    local = obj.get("local", False)
+    headless = obj.get("headless", False)
+    if not isinstance(local, bool) or not isinstance(headless, bool):
+        raise ProtocolError("wrong_type", "handshake 'local'/'headless' must be booleans")
+    extra = {k: v for k, v in obj.items() if k not in ("status", "local", "headless")}
+    return HandshakeMessage(status, local, headless, extra)
+
+
+def encode_init(
+    inputs: list[str], outputs: list[str], parallel_config: dict[str, Any] | None = None
+) -> bytes:
+    """Encode the minimal INIT (all five address keys, empty ``parallel_config``)."""
+    return _encoder.encode(
+        EngineHandshakeMetadata(
+            EngineZmqAddresses(list(inputs), list(outputs)), dict(parallel_config or {})
+        )
+    )
+
+
+def decode_init(payload: bytes) -> EngineHandshakeMetadata:
+    """Decode INIT with the engine's strict rules (what a vLLM 0.33 engine accepts)."""
+    try:
+        return _init_decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError("wrong_shape", f"INIT: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("not_msgpack", f"INIT: {exc}") from None
+
+
+def decode_registration(payload: bytes) -> RegistrationInfo:
+    """Decode the registration frame; an empty frame (legacy engines) means "no info"."""
+    if payload == b"":
+        return RegistrationInfo()
+    obj = _decode_map(payload, "registration message")
+    version = obj.get("vllm_version")
+    sleep_mode = obj.get("enable_sleep_mode")
+    rank = obj.get("data_parallel_rank")
+    return RegistrationInfo(
+        vllm_version=version if isinstance(version, str) else None,
+        enable_sleep_mode=sleep_mode if isinstance(sleep_mode, bool) else None,
+        data_parallel_rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        raw=obj,
+    )
+
+
+def registration_map(
+    engine_index: int,
+    *,
+    vllm_version: str = "0.33.0",
+    enable_sleep_mode: bool = True,
+    data_parallel_size: int = 1,
+) -> dict[str, Any]:
+    """A 28-key ``EngineCoreReadyResponse`` map in vLLM 0.33's field order (for simulators)."""
+    return {
+        "max_model_len": 4096,
+        "num_gpu_blocks": 1000,
+        "block_size": 16,
+        "dp_stats_address": None,
+        "dtype": "bfloat16",
+        "vllm_version": vllm_version,
+        "world_size": 1,
+        "data_parallel_size": data_parallel_size,
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "decode_context_parallel_size": 1,
+        "data_parallel_rank": engine_index,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "instance_id": "abc",
+        "supports_lora": False,
+        "max_loras": 0,
+        "mamba_block_size": None,
+        "kv_cache_size_tokens": None,
+        "kv_cache_max_concurrency": None,
+        "kv_events_config": None,
+        "weight_transfer_backend": None,
+        "enable_sleep_mode": enable_sleep_mode,
+        "supports_draft_weight_updates": False,
+        "effective_attention_block_size": None,
+        "coord_store_port": 0,
+        "coordinator_input_address": None,
+        "coordinator_output_address": None,
+    }
+
+
+def encode_registration(fields: dict[str, Any]) -> bytes:
+    """Encode a registration map (key order kept)."""
+    return _encoder.encode(fields)

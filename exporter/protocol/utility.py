@@ -1,0 +1,148 @@
+"""UTILITY requests and ``EngineCoreOutputs`` replies: wire structs and pure encode/decode.
+
+Requests are ``[client_index, call_id, method, args]``; replies are a positional 9-element
+``EngineCoreOutputs`` array whose position 4 is ``[call_id, failure_message, result]`` and whose
+result is ``[type_info, value]`` (we use ``value`` and ignore ``type_info``: nothing named on the
+wire is ever imported). Shorter and longer reply arrays are accepted, as vLLM's own decoder does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from exporter.error import ProtocolError
+
+#: Request-type byte of a UTILITY request; the only type the exporter ever sends.
+UTILITY_REQUEST_TYPE = b"\x03"
+#: Single-frame sentinel an engine sends on every output socket before dying.
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+UINT64_MAX = 2**64 - 1
+
+
+class UtilityRequest(msgspec.Struct, array_like=True, frozen=True):
+    """UTILITY payload ``[client_index, call_id, method, args]``."""
+
+    client_index: int
+    call_id: int
+    method: str
+    args: tuple[Any, ...]
+
+
+class UtilityOutputWire(msgspec.Struct, array_like=True):
+    """``UtilityOutput``: ``[call_id, failure_message, result]`` (always 3 elements)."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+
+class EngineCoreOutputsWire(msgspec.Struct, array_like=True):
+    """``EngineCoreOutputs`` (9 positions in vLLM 0.33; shorter/longer arrays decode too)."""
+
+    engine_index: int = 0
+    outputs: list[Any] = msgspec.field(default_factory=list)
+    scheduler_stats: Any = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutputWire | None = None
+    finished_requests: Any = None
+    wave_complete: Any = None
+    start_wave: Any = None
+    weight_version: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class UtilityReply:
+    """One engine's answer to one utility call, with the result value unwrapped."""
+
+    call_id: int
+    failure_message: str | None
+    value: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_message is None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """A decoded output frame: ``utility`` is None for non-utility outputs."""
+
+    engine_index: int
+    utility: UtilityReply | None
+
+
+_request_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(UtilityRequest)
+_outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputsWire)
+
+
+def encode_utility_request(
+    client_index: int, call_id: int, method: str, args: tuple[Any, ...] = ()
+) -> bytes:
+    """Encode a UTILITY payload frame (the frame after the type byte)."""
+    if not 0 <= call_id <= UINT64_MAX:
+        raise ValueError(f"call_id must be an unsigned 64-bit integer, got {call_id}")
+    if client_index < 0:
+        raise ValueError(f"client_index must be >= 0, got {client_index}")
+    return _request_encoder.encode(UtilityRequest(client_index, call_id, method, tuple(args)))
+
+
+def decode_utility_request(payload: bytes) -> UtilityRequest:
+    """Decode a UTILITY payload (engine side); raises ``ProtocolError`` on anything else."""
+    try:
+        return _request_decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError("wrong_shape", f"UTILITY payload: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("not_msgpack", f"UTILITY payload: {exc}") from None
+
+
+def unwrap_result(result: Any) -> Any:
+    """``[type_info, value]`` → ``value``; nil → None. ``type_info`` is never interpreted."""
+    if result is None:
+        return None
+    if isinstance(result, list) and len(result) == 2:
+        return result[1]
+    raise ProtocolError("wrong_shape", "utility result is not [type_info, value]")
+
+
+def decode_engine_outputs(payload: bytes) -> EngineOutput:
+    """Decode one ``EngineCoreOutputs`` frame; raises ``ProtocolError`` on malformed input."""
+    try:
+        wire = _outputs_decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError("wrong_shape", f"EngineCoreOutputs: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("not_msgpack", f"EngineCoreOutputs: {exc}") from None
+    out = wire.utility_output
+    if out is None:
+        return EngineOutput(wire.engine_index, None)
+    if out.failure_message is not None:
+        return EngineOutput(wire.engine_index, UtilityReply(out.call_id, out.failure_message, None))
+    return EngineOutput(
+        wire.engine_index, UtilityReply(out.call_id, None, unwrap_result(out.result))
+    )
+
+
+def encode_utility_reply(
+    engine_index: int,
+    call_id: int,
+    *,
+    value: Any = None,
+    failure_message: str | None = None,
+    timestamp: float = 0.0,
+    type_info: Any = None,
+) -> bytes:
+    """Encode a 9-position ``EngineCoreOutputs`` utility reply, as a vLLM 0.33 engine does.
+
+    A success always carries ``[type_info, value]`` (``[nil, nil]`` for None): vLLM's Python
+    client asserts the result is non-nil on success.
+    """
+    result = None if failure_message is not None else [type_info, value]
+    utility = [call_id, failure_message, result]
+    return _request_encoder.encode(
+        [engine_index, [], None, float(timestamp), utility, None, None, None, None]
+    )
