@@ -50,13 +50,20 @@ class InconsistentUtilityResults(ExporterError):
     produced a result at all (the error vLLM's Rust client raises in that case too).
     """
 
-    def __init__(self, method: str, values: Sequence[Any]) -> None:
+    def __init__(
+        self, method: str, values: Sequence[Any], engines: Sequence[str] | None = None
+    ) -> None:
         self.method = method
         self.values = list(values)
-        if self.values:
-            text = f"engines returned different {method} results: {self.values!r}"
-        else:
+        self.engines = list(engines) if engines is not None else None
+        if not self.values:
             text = f"no engine returned a {method} result"
+        elif self.engines is not None:
+            named = zip(self.engines, self.values, strict=False)
+            pairs = ", ".join(f"engine {e}: {v!r}" for e, v in named)
+            text = f"engines returned different {method} results: {pairs}"
+        else:
+            text = f"engines returned different {method} results: {self.values!r}"
         super().__init__(text)
 
 

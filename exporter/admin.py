@@ -1,0 +1,298 @@
+"""The admin listener: ``POST /admin/reset_prefix_cache`` on every engine, AND semantics.
+
+Secured by default: bearer token compared in constant time (never logged), failed tokens rate
+limited, one reset at a time (409), Idempotency-Key replay, a minimum interval (429), small
+request limits, POST only (405). Every request leaves one JSON audit line on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import sys
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from exporter.aggregate import AllTrueVerdict, aggregate_all_true
+from exporter.probe import reset_args
+from exporter.runtime import Exporter
+
+log = logging.getLogger("exporter.admin")
+
+RESET_PATH = "/admin/reset_prefix_cache"
+ADMIN_SHUTDOWN_KEY: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("admin_shutdown")
+MAX_ADMIN_BODY = 1024
+IDEMPOTENCY_TTL_S = 600.0
+IDEMPOTENCY_MAX_KEYS = 256
+AUTH_FAILURES_PER_MINUTE = 5
+
+
+class BadRequest(Exception):
+    """A malformed admin request; the message names the parameter."""
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """true/false/1/0 (any case) and nothing else."""
+    lowered = raw.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise BadRequest(f"query parameter {name!r} must be true, false, 1 or 0, got {raw!r}")
+
+
+def parse_reset_flags(query: dict[str, list[str]]) -> dict[str, bool]:
+    """Pure parsing of the reset's query parameters (``reset_external`` aliases the connector)."""
+    allowed = {"reset_running_requests", "reset_connector", "reset_external"}
+    for name, values in query.items():
+        if name not in allowed:
+            raise BadRequest(f"unknown query parameter {name!r}")
+        if len(values) != 1:
+            raise BadRequest(f"query parameter {name!r} given more than once")
+    flags = {k: parse_bool(k, v[0]) for k, v in query.items()}
+    connector = flags.get("reset_connector")
+    external = flags.get("reset_external")
+    if connector is not None and external is not None and connector != external:
+        raise BadRequest("reset_connector and its alias reset_external disagree")
+    return {
+        "reset_running_requests": flags.get("reset_running_requests", False),
+        "reset_connector": bool(connector if connector is not None else external),
+    }
+
+
+def engine_id(label: str) -> int | str:
+    """Engine indices as numbers (the HTTP contract), HTTP target names as strings."""
+    return int(label) if label.isdigit() else label
+
+
+def reset_body(
+    verdict: AllTrueVerdict, flags: dict[str, bool], duration_s: float
+) -> dict[str, Any]:
+    failures = {f.engine: f for f in verdict.failures}
+    engines = []
+    for o in verdict.engines:
+        f = failures.get(o.engine)
+        engines.append(
+            {
+                "engine": engine_id(o.engine),
+                "ok": f is None,
+                "reason": f.reason if f else None,
+                "error": f.error if f else None,
+            }
+        )
+    return {
+        "success": verdict.success,
+        "outcome": verdict.outcome,
+        "engines": engines,
+        "failed_engines": [engine_id(f.engine) for f in verdict.failures],
+        "flags": flags,
+        "duration_s": round(duration_s, 6),
+    }
+
+
+def stderr_audit(record: dict[str, Any]) -> None:
+    print(json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)
+
+
+class AdminController:
+    """State of the admin endpoint: single flight, idempotency cache, rate limits."""
+
+    def __init__(
+        self,
+        exporter: Exporter,
+        *,
+        audit: Callable[[dict[str, Any]], None] = stderr_audit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.exporter = exporter
+        self._audit = audit
+        self._clock = clock
+        self._inflight: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
+        self._last_reset: float | None = None
+        self._idempotent: OrderedDict[str, tuple[float, int, dict[str, Any]]] = OrderedDict()
+        self._auth_failures: deque[float] = deque()
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _token_ok(self, request: web.Request) -> bool:
+        token = self.exporter.config.admin_token
+        if token is None:
+            return True
+        header = request.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer":
+            presented = ""
+        return hmac.compare_digest(presented.strip().encode(), token.encode())
+
+    def _auth_locked_out(self) -> float:
+        """Seconds until another token attempt is allowed (0 when allowed)."""
+        now = self._clock()
+        while self._auth_failures and now - self._auth_failures[0] > 60.0:
+            self._auth_failures.popleft()
+        if len(self._auth_failures) >= AUTH_FAILURES_PER_MINUTE:
+            return 60.0 - (now - self._auth_failures[0])
+        return 0.0
+
+    def _cached(self, key: str) -> tuple[int, dict[str, Any]] | None:
+        now = self._clock()
+        for old, (expires, _, _) in list(self._idempotent.items()):
+            if expires < now:
+                del self._idempotent[old]
+        hit = self._idempotent.get(key)
+        return (hit[1], hit[2]) if hit else None
+
+    def _remember(self, key: str, status: int, body: dict[str, Any]) -> None:
+        self._idempotent[key] = (self._clock() + IDEMPOTENCY_TTL_S, status, body)
+        while len(self._idempotent) > IDEMPOTENCY_MAX_KEYS:
+            self._idempotent.popitem(last=False)
+
+    # -- the request -----------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        audit: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "event": "admin_request",
+            "action": "reset_prefix_cache",
+            "client": request.remote,
+        }
+        status, body, headers = await self._decide(request, audit)
+        audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
+        self.exporter.stats.admin_requests[("reset_prefix_cache", str(status))] += 1
+        self._audit(audit)
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _decide(
+        self, request: web.Request, audit: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        retry = self._auth_locked_out()
+        if retry > 0:
+            audit["outcome"] = "auth_rate_limited"
+            return (
+                429,
+                {"error": "too many failed authentication attempts"},
+                {"Retry-After": str(math.ceil(retry))},
+            )
+        if not self._token_ok(request):
+            self._auth_failures.append(self._clock())
+            audit["outcome"] = "unauthorized"
+            return (
+                401,
+                {"error": "missing or invalid bearer token"},
+                {"WWW-Authenticate": 'Bearer realm="vllm-dp-exporter"'},
+            )
+        if request.content_length and request.content_length > MAX_ADMIN_BODY:
+            audit["outcome"] = "bad_request"
+            return 413, {"error": "request body too large"}, {}
+        try:
+            flags = parse_reset_flags({k: request.query.getall(k) for k in request.query})
+        except BadRequest as exc:
+            audit["outcome"] = "bad_request"
+            return 400, {"error": str(exc)}, {}
+        audit["flags"] = flags
+        key = request.headers.get("Idempotency-Key")
+        if key is not None:
+            if not 0 < len(key) <= 200:
+                audit["outcome"] = "bad_request"
+                return 400, {"error": "Idempotency-Key must be 1-200 characters"}, {}
+            cached = self._cached(key)
+            if cached is not None:
+                audit["outcome"] = "idempotent_replay"
+                return cached[0], cached[1], {"Idempotency-Replayed": "true"}
+        if self._inflight is not None and not self._inflight.done():
+            audit["outcome"] = "conflict"
+            return 409, {"error": "a prefix-cache reset is already running"}, {}
+        min_interval = self.exporter.config.reset_min_interval
+        if self._last_reset is not None:
+            wait = min_interval - (self._clock() - self._last_reset)
+            if wait > 0:
+                audit["outcome"] = "rate_limited"
+                return (
+                    429,
+                    {"error": f"resets are limited to one every {min_interval:g}s"},
+                    {"Retry-After": str(math.ceil(wait))},
+                )
+        self._last_reset = self._clock()
+        self._inflight = asyncio.create_task(self._reset(flags))
+        # Shielded: a client that hangs up does not cut a fan-out in half.
+        status, body = await asyncio.shield(self._inflight)
+        audit["outcome"] = body.get("outcome", "failure")
+        audit["failed_engines"] = body.get("failed_engines", [])
+        if key is not None:
+            self._remember(key, status, body)
+        return status, body, {}
+
+    async def _reset(self, flags: dict[str, bool]) -> tuple[int, dict[str, Any]]:
+        exporter = self.exporter
+        stats = exporter.stats
+        started = time.perf_counter()
+        if exporter.client.connected_count() == 0:
+            stats.resets["failure"] += 1
+            return 503, {
+                "success": False,
+                "outcome": "failure",
+                "engines": [],
+                "failed_engines": [],
+                "flags": flags,
+                "error": "no engine is connected",
+            }
+        timeout = exporter.config.reset_timeout or exporter.config.call_timeout
+        args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
+        outcomes = await exporter.client.call_utility("reset_prefix_cache", args, timeout_s=timeout)
+        duration = time.perf_counter() - started
+        verdict = aggregate_all_true("reset_prefix_cache", outcomes)
+        stats.record_calls("reset_prefix_cache", outcomes)
+        stats.resets[verdict.outcome] += 1
+        stats.reset_durations.observe(duration)
+        for f in verdict.failures:
+            stats.reset_engine_failures[(f.engine, f.reason)] += 1
+        if verdict.success:
+            stats.last_reset_success_unix = time.time()
+        else:
+            log.warning(
+                "prefix-cache reset %s: %s",
+                verdict.outcome,
+                ", ".join(f"engine {f.engine} {f.reason}" for f in verdict.failures),
+            )
+        return (200 if verdict.success else 502), reset_body(verdict, flags, duration)
+
+    async def drain(self, grace_s: float) -> None:
+        """At shutdown: let an in-flight reset finish, up to ``grace_s``."""
+        task = self._inflight
+        if task is not None and not task.done():
+            log.info("waiting up to %.1fs for the in-flight prefix-cache reset", grace_s)
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), grace_s)
+            if not task.done():
+                task.cancel()
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return web.json_response({"error": "not found"}, status=404)
+
+
+ADMIN_KEY: web.AppKey[AdminController] = web.AppKey("admin")
+
+
+def create_admin_app(
+    exporter: Exporter, *, audit: Callable[[dict[str, Any]], None] = stderr_audit
+) -> web.Application:
+    """The admin application (served on ``--admin-listen``)."""
+    app = web.Application(client_max_size=MAX_ADMIN_BODY)
+    controller = AdminController(exporter, audit=audit)
+    app[ADMIN_KEY] = controller
+    app.router.add_post(RESET_PATH, controller.handle)
+
+    async def shutdown() -> None:
+        await controller.drain(exporter.config.shutdown_grace)
+
+    app[ADMIN_SHUTDOWN_KEY] = shutdown
+    return app

@@ -1,0 +1,235 @@
+"""One typed configuration for ``serve``: flags, then ``VLLM_DP_EXPORTER_*`` environment
+variables, then an optional config file (JSON, or TOML on Python 3.11+), then defaults.
+
+Everything is validated at start with messages that name the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from exporter.error import ConfigError
+
+ENV_PREFIX = "VLLM_DP_EXPORTER_"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Validated settings of a running exporter."""
+
+    attach: str = "owner"
+    engine_count: int = 0
+    handshake_address: str = ""
+    start_rank: int = 0
+    advertise_host: str = "127.0.0.1"
+    bind_host: str | None = None
+    fixed_base_port: int | None = None
+    upstream_handshake_address: str | None = None
+    state_file: str | None = None
+    http_target: tuple[str, ...] = ()
+    http_targets_file: str | None = None
+    http_token_file: str | None = None
+    listen: str = "0.0.0.0:9400"
+    admin_listen: str = "127.0.0.1:9401"
+    admin_token_file: str | None = None
+    poll_interval: float = 5.0
+    call_timeout: float = 10.0
+    poll_jitter: float = 0.1
+    model_name: str | None = None
+    reset_min_interval: float = 1.0
+    reset_timeout: float | None = None
+    shutdown_grace: float = 3.0
+    admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.listen, "listen")
+
+    @property
+    def admin_host_port(self) -> tuple[str, int] | None:
+        if self.admin_listen in ("", "off", "none"):
+            return None
+        return parse_host_port(self.admin_listen, "admin-listen")
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+#: (field, type converter, help). Each becomes ``--field-name`` and ``VLLM_DP_EXPORTER_FIELD_NAME``.
+OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("attach", str, "owner (own the engines' handshake), relay, or http"),
+    ("engine_count", int, "number of DP engines to attach to (owner/relay)"),
+    (
+        "handshake_address",
+        str,
+        "tcp://HOST:PORT the engines dial (--data-parallel-address/-rpc-port)",
+    ),
+    ("start_rank", int, "first engine index (DP rank) of this group"),
+    ("advertise_host", str, "host the engines use to reach the exporter's input/output sockets"),
+    ("bind_host", str, "host to bind the input/output sockets on (default: advertise host)"),
+    ("fixed_base_port", int, "bind input at PORT and engine i's output at PORT+1+i (reattach)"),
+    ("upstream_handshake_address", str, "relay mode: the vLLM front end's handshake address"),
+    ("state_file", str, "relay mode: where to remember engines across exporter restarts"),
+    ("http_target", str, "http mode: a vLLM API server URL, optionally NAME=URL (repeatable)"),
+    ("http_targets_file", str, "http mode: file with one target per line"),
+    ("http_token_file", str, "http mode: bearer token for the targets"),
+    ("listen", str, "HOST:PORT of /metrics, /status, /healthz, /readyz"),
+    ("admin_listen", str, "HOST:PORT of the admin endpoint ('off' to disable)"),
+    ("admin_token_file", str, "file holding the admin bearer token"),
+    ("poll_interval", float, "seconds between polls"),
+    ("call_timeout", float, "seconds to wait for one engine's utility reply"),
+    ("poll_jitter", float, "poll interval jitter as a fraction (0.1 = ±10%)"),
+    ("model_name", str, "adds a model_name label to every series"),
+    ("reset_min_interval", float, "minimum seconds between two prefix-cache resets"),
+    ("reset_timeout", float, "seconds to wait for reset replies (default: call timeout)"),
+    ("shutdown_grace", float, "seconds an in-flight admin reset may take at shutdown"),
+    ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
+)
+_TYPES = {name: conv for name, conv, _ in OPTIONS}
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags default to None so that environment and file values can fill the gaps."""
+    for name, conv, text in OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if name == "http_target":
+            parser.add_argument(flag, action="append", default=None, help=text)
+        else:
+            parser.add_argument(flag, type=conv, default=None, help=text)
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    try:
+        if p.suffix == ".toml":
+            import tomllib  # Python 3.11+
+
+            data: Any = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ImportError:
+        raise ConfigError("TOML config files need Python 3.11+; use JSON") from None
+    except ValueError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table/object at the top level")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def resolve_config(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> ServeConfig:
+    """Merge flags > environment > file > defaults (> for keyword overrides: highest)."""
+    env = os.environ if environ is None else environ
+    flags = {k: v for k, v in vars(args).items() if v is not None} if args else {}
+    flags.update({k: v for k, v in overrides.items() if v is not None})
+    config_path = flags.get("config") or env.get(ENV_PREFIX + "CONFIG")
+    from_file = _load_file(config_path) if config_path else {}
+    values: dict[str, Any] = {}
+    known = {f.name for f in fields(ServeConfig)}
+    for key in from_file:
+        if key not in known or key == "admin_token":
+            raise ConfigError(f"config file: unknown setting {key!r}")
+    for name in known - {"admin_token"}:
+        env_key = ENV_PREFIX + name.upper()
+        if name in flags:
+            values[name] = flags[name]
+        elif env_key in env:
+            raw = env[env_key]
+            try:
+                if name == "http_target":
+                    values[name] = [t for t in raw.replace(",", " ").split() if t]
+                else:
+                    values[name] = _TYPES[name](raw)
+            except ValueError:
+                raise ConfigError(f"{env_key}={raw!r} is not a valid {name}") from None
+        elif name in from_file:
+            values[name] = from_file[name]
+    if "http_target" in values:
+        values["http_target"] = tuple(values["http_target"])
+    return validate(ServeConfig(**values))
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"--{what} must be HOST:PORT, got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"--{what}: port {port!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"--{what}: port {number} is out of range")
+    return host.strip("[]"), number
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"--admin-token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"--admin-token-file {path} is empty")
+    return token
+
+
+def validate(config: ServeConfig) -> ServeConfig:
+    """Check every setting; read the admin token. Returns the config with the token filled."""
+    c = config
+    if c.attach not in ("owner", "relay", "http"):
+        raise ConfigError(f"--attach must be owner, relay or http, got {c.attach!r}")
+    if c.attach in ("owner", "relay"):
+        if c.engine_count < 1:
+            raise ConfigError("--engine-count must be at least 1")
+        if not c.handshake_address.startswith(("tcp://", "ipc://")):
+            raise ConfigError("--handshake-address must be tcp://HOST:PORT or ipc://PATH")
+        if c.start_rank < 0 or c.start_rank + c.engine_count > 65536:
+            raise ConfigError("--start-rank/--engine-count: engine indices must fit in 0..65535")
+    if c.attach == "relay" and not c.upstream_handshake_address:
+        raise ConfigError("--attach relay needs --upstream-handshake-address")
+    if c.attach == "http" and not (c.http_target or c.http_targets_file):
+        raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
+    for name in ("poll_interval", "call_timeout"):
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be greater than 0")
+    if not 0 <= c.poll_jitter < 1:
+        raise ConfigError("--poll-jitter must be in [0, 1)")
+    if c.reset_min_interval < 0:
+        raise ConfigError("--reset-min-interval must be >= 0")
+    c.listen_host_port  # noqa: B018 - validates
+    admin = c.admin_host_port
+    token = _read_token(c.admin_token_file) if c.admin_token_file else None
+    if admin is not None and not is_loopback(admin[0]) and token is None:
+        raise ConfigError(
+            f"refusing to serve the admin endpoint on non-loopback address {admin[0]} without "
+            "a token: set --admin-token-file, or bind --admin-listen to 127.0.0.1"
+        )
+    return ServeConfig(**{**{f.name: getattr(c, f.name) for f in fields(c)}, "admin_token": token})

@@ -1,0 +1,90 @@
+"""Wiring: one ``Exporter`` per running service holds the client, poller, counters and collector.
+
+The attach layer is pluggable: ``make_client`` picks owner, relay or HTTP from the config and
+everything above it only sees a ``FleetClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.client import EngineCoreClient, FleetClient
+from exporter.config import ServeConfig
+from exporter.error import ConfigError
+from exporter.metrics import ExporterCollector, build_registry
+from exporter.poller import Poller
+from exporter.stats import Stats
+from exporter.transport.events import ProtocolErrorTally
+from exporter.transport.owner import OwnerConfig, OwnerTransport
+
+log = logging.getLogger("exporter")
+
+
+def make_client(config: ServeConfig, errors: ProtocolErrorTally, stats: Stats) -> FleetClient:
+    """Build the attach-mode client named by ``config.attach``."""
+    if config.attach == "owner":
+        client = EngineCoreClient(errors)
+        client.attach(OwnerTransport(owner_config(config), client, errors))
+        return client
+    if config.attach == "http":
+        from exporter.transport.http import make_http_client
+
+        return make_http_client(config)
+    if config.attach == "relay":
+        from exporter.transport.relay import make_relay_client
+
+        return make_relay_client(config, errors, stats)
+    raise ConfigError(f"unknown attach mode {config.attach!r}")
+
+
+def owner_config(config: ServeConfig) -> OwnerConfig:
+    return OwnerConfig(
+        handshake_address=config.handshake_address,
+        engine_count=config.engine_count,
+        start_rank=config.start_rank,
+        advertise_host=config.advertise_host,
+        bind_host=config.bind_host,
+        fixed_base_port=config.fixed_base_port,
+    )
+
+
+class Exporter:
+    """Everything one running exporter owns; ``start``/``stop`` bracket its background work."""
+
+    def __init__(self, config: ServeConfig, client: FleetClient | None = None) -> None:
+        self.config = config
+        self.errors = ProtocolErrorTally()
+        self.stats = Stats()
+        self.client = client if client is not None else make_client(config, self.errors, self.stats)
+        self.poller = Poller(
+            self.client,
+            self.stats,
+            interval_s=config.poll_interval,
+            call_timeout_s=config.call_timeout,
+            jitter=config.poll_jitter,
+        )
+        self.collector = ExporterCollector(
+            lambda: self.poller.snapshot,
+            self.stats,
+            self.errors,
+            model_name=config.model_name,
+            include_relay=config.attach == "relay",
+        )
+        self.registry: CollectorRegistry = build_registry(self.collector)
+        self._poll_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.client.start()
+        self._poll_task = asyncio.create_task(self.poller.run(), name="poller")
+
+    async def stop(self) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+            self._poll_task = None
+        await self.client.close()

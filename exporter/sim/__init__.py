@@ -1,0 +1,1 @@
+"""Simulated vLLM engines (and API servers) for tests, demos and benchmarks."""
