@@ -24,10 +24,10 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     host, port = config.listen_host_port
-    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     log.info("serving /metrics on http://%s:%d (attach=%s)", host, port, config.attach)
     try:

@@ -291,7 +291,8 @@ class SimEngine:
         return deferred
 
     def _wake_up(self, tags: list[str] | None = None) -> bool:
-        wanted = set(ALL_TAGS) if tags is None else {t for t in tags if t != "scheduling"}
+        # None wakes whatever is asleep; named tags that are not all asleep are ignored (a no-op).
+        wanted = set(self.sleeping_tags) if tags is None else {t for t in tags if t != "scheduling"}
         if wanted <= self.sleeping_tags:
             self.sleeping_tags -= wanted
         if not self.sleeping_tags:

@@ -1,0 +1,128 @@
+"""A simulated stock vLLM front end: the upstream of relay mode in tests and the demo.
+
+It is owner mode reused as is (``OwnerTransport`` + ``EngineCoreClient`` on client slot 0): it
+binds a handshake ROUTER, answers each HELLO with an INIT naming its own input and output
+addresses, waits for READY and the registration, and then makes its own utility calls on slot 0
+(``is_sleeping`` in a loop), so tests can prove that the exporter's relayed slot and the front
+end's slot never cross-talk. It also counts every HELLO/READY it receives per engine and keeps
+their raw bytes, to check that the relay forwards each exactly once and byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from exporter.aggregate import EngineOutcome, Outcome
+from exporter.client import EngineCoreClient
+from exporter.error import ProtocolError
+from exporter.protocol import decode_handshake_message
+from exporter.transport.events import ProtocolErrorTally, TransportListener
+from exporter.transport.owner import OwnerConfig, OwnerTransport
+
+log = logging.getLogger("exporter.sim.frontend")
+
+
+class _CountingOwnerTransport(OwnerTransport):
+    """``OwnerTransport`` that also records every handshake message it receives."""
+
+    def __init__(
+        self, config: OwnerConfig, listener: TransportListener, errors: ProtocolErrorTally
+    ) -> None:
+        super().__init__(config, listener, errors)
+        #: (engine identity, status) → number of messages received.
+        self.received: Counter[tuple[bytes, str]] = Counter()
+        #: (engine identity, status) → raw payloads, in arrival order.
+        self.payloads: dict[tuple[bytes, str], list[bytes]] = {}
+
+    def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+        if len(frames) == 2:
+            with contextlib.suppress(ProtocolError):
+                status = decode_handshake_message(frames[1]).status
+                self.received[(frames[0], status)] += 1
+                self.payloads.setdefault((frames[0], status), []).append(frames[1])
+        super()._on_handshake_frames(sock, frames)
+
+
+@dataclass
+class SimFrontend:
+    """Handshake owner + its own slot-0 client, calling ``is_sleeping`` every ``call_period_s``."""
+
+    handshake_address: str
+    engine_count: int
+    start_rank: int = 0
+    call_period_s: float = 0.05
+    call_timeout_s: float = 1.0
+    errors: ProtocolErrorTally = field(default_factory=ProtocolErrorTally)
+    #: Every per-engine outcome of the front end's own calls, in order.
+    outcomes: list[EngineOutcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.client = EngineCoreClient(self.errors)
+        self.transport = _CountingOwnerTransport(
+            OwnerConfig(
+                handshake_address=self.handshake_address,
+                engine_count=self.engine_count,
+                start_rank=self.start_rank,
+            ),
+            self.client,
+            self.errors,
+        )
+        self.client.attach(self.transport)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def engine_indices(self) -> list[int]:
+        return self.transport.engine_indices
+
+    def hello_count(self, engine_index: int) -> int:
+        return self.transport.received[(engine_index.to_bytes(2, "little"), "HELLO")]
+
+    def ready_count(self, engine_index: int) -> int:
+        return self.transport.received[(engine_index.to_bytes(2, "little"), "READY")]
+
+    def payloads(self, engine_index: int, status: str) -> list[bytes]:
+        return self.transport.payloads.get((engine_index.to_bytes(2, "little"), status), [])
+
+    def ok_count(self, engine_index: int | None = None) -> int:
+        return sum(
+            1
+            for o in self.outcomes
+            if o.outcome is Outcome.OK and (engine_index is None or o.engine == str(engine_index))
+        )
+
+    def dead(self, engine_index: int) -> bool:
+        return any(v.dead for v in self.transport.link_views() if v.engine_index == engine_index)
+
+    async def start(self, *, call_loop: bool = True) -> None:
+        """Bind and start handshaking; with ``call_loop`` also start the slot-0 calls."""
+        await self.client.start()
+        if call_loop:
+            self._task = asyncio.create_task(self._call_loop(), name="sim-frontend-calls")
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        await self.transport.wait_connected(timeout_s)
+
+    async def _call_loop(self) -> None:
+        while True:
+            if self.client.connected_count():
+                connected = [v.engine_index for v in self.transport.link_views() if v.connected]
+                outcomes = await self.client.call_utility(
+                    "is_sleeping", timeout_s=self.call_timeout_s, engines=connected
+                )
+                self.outcomes.extend(outcomes)
+            await asyncio.sleep(self.call_period_s)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.client.close()

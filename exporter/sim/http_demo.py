@@ -1,0 +1,119 @@
+"""``vllm-dp-exporter demo --attach http``: simulated vLLM API servers (one per "node") in this
+process, and the exporter serving against their dev endpoints with ``--attach http``.
+
+The engines behind the API servers run the demo story (``exporter.sim.story``) as one fleet, so
+every metric moves: the fleet pauses, sleeps and wakes, the last engine lags behind (while it
+does, its API server answers HTTP 500 "Engines returned different is_sleeping results" or the
+nodes disagree), and the second engine refuses prefix-cache resets half of the time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from exporter.config import resolve_config
+from exporter.demo import reset_loop
+from exporter.service import serve
+from exporter.sim.api_server import ApiServerOptions, start_api_server
+
+log = logging.getLogger("exporter.demo")
+
+MAX_NODES = 3
+
+
+def node_sizes(engines: int, max_nodes: int = MAX_NODES) -> list[int]:
+    """Engines per simulated node: up to ``max_nodes`` nodes, sizes as even as possible."""
+    nodes = max(1, min(max_nodes, engines))
+    base, extra = divmod(engines, nodes)
+    return [base + (1 if i < extra else 0) for i in range(nodes)]
+
+
+async def start_nodes(
+    engines: int, story_period: float | None, host: str = "127.0.0.1"
+) -> tuple[list[web.AppRunner], list[str]]:
+    """Start the simulated API servers; returns their runners and ``nodeN=URL`` targets."""
+    runners: list[web.AppRunner] = []
+    targets: list[str] = []
+    offset = 0
+    try:
+        for i, size in enumerate(node_sizes(engines)):
+            options = ApiServerOptions(
+                engines=size,
+                story_period_s=story_period,
+                story_offset=offset,
+                story_count=engines,
+            )
+            runner, url = await start_api_server(host, 0, options)
+            runners.append(runner)
+            targets.append(f"node{i}={url}")
+            offset += size
+    except BaseException:
+        await stop_nodes(runners)
+        raise
+    return runners, targets
+
+
+async def stop_nodes(runners: list[web.AppRunner]) -> None:
+    for runner in runners:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+
+
+async def run_http_demo(
+    engines: int,
+    listen: str,
+    admin_listen: str,
+    poll_interval: float,
+    call_timeout: float,
+    story_period: float,
+    *,
+    reset_every: float = 5.0,
+    model_name: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve the exporter (attach=http) against in-process simulated API servers until stopped."""
+    if engines < 1:
+        raise ValueError("engines must be at least 1")
+    runners, targets = await start_nodes(engines, story_period)
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        config = resolve_config(
+            None,
+            attach="http",
+            http_target=tuple(targets),
+            listen=listen,
+            admin_listen=admin_listen,
+            poll_interval=poll_interval,
+            call_timeout=call_timeout,
+            reset_min_interval=0.0,
+            model_name=model_name,
+        )
+        host, port = config.listen_host_port
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        print(
+            f"vllm-dp-exporter demo (attach http): {engines} simulated engines behind "
+            f"{len(targets)} simulated vLLM API servers",
+            flush=True,
+        )
+        for target in targets:
+            print(f"  API server      {target}", flush=True)
+        print(f"  dashboard page  http://{shown}:{port}/", flush=True)
+        print(f"  metrics         http://{shown}:{port}/metrics", flush=True)
+        print(f"  status (JSON)   http://{shown}:{port}/status", flush=True)
+        admin = config.admin_host_port
+        if admin is not None:
+            admin_url = f"http://{admin[0]}:{admin[1]}"
+            print(f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True)
+            if reset_every > 0:
+                tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
+        await serve(config, stop)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_nodes(runners)
+    return 0

@@ -1,0 +1,426 @@
+"""HTTP attach mode: one vLLM API server per target, reached through its dev endpoints.
+
+Each target (``--http-target URL`` or ``NAME=URL``, repeatable, and ``--http-targets-file``)
+is one "engine" to the layers above: its label is its name, or its position ("0", "1", ...).
+A target's own answer is already vLLM's aggregate over the ranks that API server manages, so an
+API server whose engines disagree (HTTP 500 "Engines returned different is_sleeping results:
+[...]") becomes an ``INCONSISTENT`` outcome carrying those values
+(``engine-core-protocol.md`` F.4 / F.4.1).
+
+Mapping of the allow-listed utility methods:
+
+* ``is_sleeping`` → ``GET /is_sleeping``.
+* ``is_scheduler_paused`` → no request: vLLM's dev routes have no verified equivalent (``GET
+  /is_paused`` is an RL route whose answer and semantics F.4.1 does not pin down), so every target
+  gets ``FAILED("not available over HTTP")`` and the paused series stay absent.
+* ``reset_prefix_cache`` with ``()``, ``(rr,)`` or ``(rr, rc)`` → ``POST /reset_prefix_cache?
+  reset_running_requests=..&reset_external=..`` (query string only; vLLM ignores a body).
+
+One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
+under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
+500 without saying so: such connections are never put back into the pool, and a request that hits
+a reset on a pooled connection is retried once on a fresh one. The bearer token is sent to every
+target and kept out of logs, reprs and error texts.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from exporter.aggregate import EngineOutcome, Outcome
+from exporter.client import DEFAULT_ALLOWED_METHODS, EngineDetail
+from exporter.config import ServeConfig
+from exporter.error import ConfigError, MethodNotAllowed
+
+log = logging.getLogger("exporter.http")
+
+#: At most this many requests in flight per client (across all targets).
+DEFAULT_MAX_CONCURRENCY = 64
+NOT_AVAILABLE = "not available over HTTP"
+DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
+NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"
+_INCONSISTENT = re.compile(r"^Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL)
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTarget:
+    """One vLLM API server: its engine label and its base URL (no trailing slash)."""
+
+    label: str
+    url: str
+
+
+def parse_target(text: str, index: int) -> HttpTarget:
+    """``URL`` or ``NAME=URL``; the label defaults to the target's position."""
+    entry = text.strip()
+    name: str | None = None
+    head, sep, rest = entry.partition("=")
+    if sep and "://" not in head:
+        name, entry = head.strip(), rest.strip()
+        if not name or not _NAME.match(name):
+            raise ConfigError(
+                f"--http-target {text!r}: a target name may only use letters, digits and _.:-"
+            )
+    url = URL(entry)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"--http-target {text!r}: expected http://HOST:PORT or NAME=URL")
+    if url.user or url.password:
+        raise ConfigError(
+            f"--http-target {name or index}: credentials in the URL are not allowed "
+            "(use --http-token-file)"
+        )
+    if url.query_string or url.fragment:
+        raise ConfigError(f"--http-target {text!r}: a target URL takes no query or fragment")
+    return HttpTarget(name if name is not None else str(index), str(url).rstrip("/"))
+
+
+def read_targets_file(path: str) -> list[str]:
+    """One target per line; blank lines and ``#`` comments ignored."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--http-targets-file {path}: {exc.strerror}") from None
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            lines.append(line)
+    return lines
+
+
+def parse_targets(entries: Iterable[str]) -> list[HttpTarget]:
+    targets = [parse_target(text, i) for i, text in enumerate(entries)]
+    if not targets:
+        raise ConfigError("--attach http needs at least one --http-target")
+    seen: set[str] = set()
+    for t in targets:
+        if t.label in seen:
+            raise ConfigError(f"--http-target: engine label {t.label!r} is used twice")
+        seen.add(t.label)
+    return targets
+
+
+def read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"--http-token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"--http-token-file {path} is empty")
+    if any(c in token for c in "\r\n"):
+        raise ConfigError(f"--http-token-file {path}: the token must be one line")
+    return token
+
+
+def make_http_client(config: ServeConfig) -> HttpFleetClient:
+    """The ``--attach http`` client from ``--http-target``, ``--http-targets-file`` and token."""
+    entries = list(config.http_target)
+    if config.http_targets_file:
+        entries += read_targets_file(config.http_targets_file)
+    token = read_token(config.http_token_file) if config.http_token_file else None
+    return HttpFleetClient(parse_targets(entries), token=token)
+
+
+@dataclass(slots=True)
+class _TargetState:
+    target: HttpTarget
+    connected: bool = False
+    requests: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    body: bytes
+
+
+class _Retryable(Exception):
+    """A pooled connection was reset before any response: worth one retry on a fresh one."""
+
+
+@dataclass
+class HttpFleetClient:
+    """``FleetClient`` over vLLM API servers' dev endpoints (see the module docstring)."""
+
+    targets: list[HttpTarget]
+    token: str | None = field(default=None, repr=False)
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
+
+    def __post_init__(self) -> None:
+        self._states = [_TargetState(t) for t in self.targets]
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        self.retries = 0
+
+    # -- FleetClient -----------------------------------------------------------------------
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return [t.label for t in self.targets]
+
+    def engine_details(self) -> list[EngineDetail]:
+        return [
+            EngineDetail(engine=s.target.label, connected=s.connected, address=s.target.url)
+            for s in self._states
+        ]
+
+    def connected_count(self) -> int:
+        return sum(1 for s in self._states if s.connected)
+
+    async def start(self) -> None:
+        headers = {"Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        # Deadlines are ours (one per fan-out), not aiohttp's.
+        timeout = aiohttp.ClientTimeout(total=None)
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit=self.max_concurrency),
+            raise_for_status=False,
+        )
+        # Retries go through a connector that never reuses a connection.
+        self._fresh = aiohttp.ClientSession(
+            headers=headers,
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(force_close=True, limit=self.max_concurrency),
+            raise_for_status=False,
+        )
+
+    async def close(self) -> None:
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
+
+    async def call_utility(
+        self, method: str, args: tuple[Any, ...] = (), *, timeout_s: float
+    ) -> list[EngineOutcome]:
+        """Call ``method`` on every target at once; one outcome per target, in target order."""
+        if method not in self.allowed_methods:
+            raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+        if method == "is_scheduler_paused":
+            return [
+                EngineOutcome(t.label, Outcome.FAILED, error=NOT_AVAILABLE) for t in self.targets
+            ]
+        if method == "is_sleeping":
+            if args:
+                raise MethodNotAllowed("is_sleeping takes no arguments")
+            verb, path, query = "GET", "/is_sleeping", None
+        elif method == "reset_prefix_cache":
+            verb, path, query = "POST", "/reset_prefix_cache", _reset_query(args)
+        else:
+            raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
+        tasks = {
+            s.target.label: asyncio.create_task(self._call_one(s, method, verb, path, query))
+            for s in self._states
+        }
+        try:
+            await asyncio.wait(tasks.values(), timeout=timeout_s)
+        finally:
+            for task in tasks.values():
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        results = []
+        for s in self._states:
+            task = tasks[s.target.label]
+            if task.cancelled():
+                s.connected = False
+                results.append(
+                    EngineOutcome(
+                        s.target.label,
+                        Outcome.TIMEOUT,
+                        error=f"no reply within {timeout_s:g}s",
+                        duration_s=timeout_s,
+                    )
+                )
+                continue
+            exc = task.exception()
+            if exc is not None:  # a bug, not the target: keep it visible but do not crash polls
+                log.error("%s on target %s: %s", method, s.target.label, type(exc).__name__)
+                results.append(
+                    EngineOutcome(s.target.label, Outcome.FAILED, error=type(exc).__name__)
+                )
+            else:
+                results.append(task.result())
+        return results
+
+    # -- one target --------------------------------------------------------------------------
+
+    async def _call_one(
+        self,
+        state: _TargetState,
+        method: str,
+        verb: str,
+        path: str,
+        query: dict[str, str] | None,
+    ) -> EngineOutcome:
+        label = state.target.label
+        async with self._semaphore:
+            started = time.perf_counter()
+            try:
+                try:
+                    reply = await self._request(self._pooled(), state, verb, path, query)
+                except _Retryable:
+                    self.retries += 1
+                    log.debug("target %s: pooled connection was reset, retrying once", label)
+                    reply = await self._request(self._fresh_session(), state, verb, path, query)
+            except (_Retryable, aiohttp.ClientError, OSError) as exc:
+                state.connected = False
+                return EngineOutcome(
+                    label, Outcome.DISCONNECTED, error=_connection_error(state.target, exc)
+                )
+            duration = time.perf_counter() - started
+            state.connected = True
+            return interpret(label, method, reply.status, reply.body, duration)
+
+    def _pooled(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._session
+
+    def _fresh_session(self) -> aiohttp.ClientSession:
+        if self._fresh is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._fresh
+
+    async def _request(
+        self,
+        session: aiohttp.ClientSession,
+        state: _TargetState,
+        verb: str,
+        path: str,
+        query: dict[str, str] | None,
+    ) -> _Reply:
+        state.requests += 1
+        try:
+            async with session.request(
+                verb, state.target.url + path, params=query, allow_redirects=False
+            ) as resp:
+                body = await resp.read()
+                if resp.status >= 500:
+                    # vLLM closes the connection after a 500 without a `connection: close`
+                    # header: do not hand it back to the pool.
+                    resp.close()
+                return _Reply(resp.status, body)
+        except aiohttp.ClientConnectorError:
+            raise  # could not connect at all: nothing to retry
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise _Retryable(type(exc).__name__) from exc
+
+
+def _reset_query(args: tuple[Any, ...]) -> dict[str, str]:
+    if len(args) > 2 or not all(isinstance(a, bool) for a in args):
+        raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")
+    running = args[0] if args else False
+    external = args[1] if len(args) > 1 else False
+    return {
+        "reset_running_requests": "true" if running else "false",
+        "reset_external": "true" if external else "false",
+    }
+
+
+def _connection_error(target: HttpTarget, exc: BaseException) -> str:
+    """A connection failure without request headers (the token) in it."""
+    cause = exc.__cause__ if isinstance(exc, _Retryable) and exc.__cause__ else exc
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        detail = cause.strerror or type(cause.os_error).__name__
+        return f"cannot connect to {target.url}: {detail}"
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return f"{target.url} closed the connection without a response"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"connection to {target.url} failed: {cause.strerror}"
+    return f"connection to {target.url} failed: {type(cause).__name__}"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
+
+
+def _error_message(body: bytes) -> str | None:
+    """vLLM's error envelope ``{"error": {"message": ...}}`` or FastAPI's ``{"detail": ...}``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        detail = data.get("detail")
+        if detail is not None:
+            return detail if isinstance(detail, str) else json.dumps(detail)
+    return None
+
+
+def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
+    """The values of vLLM's "Engines returned different <method> results: [...]" message."""
+    m = _INCONSISTENT.match(message.strip())
+    if m is None or m.group(1) != method:
+        return None
+    try:
+        values = ast.literal_eval(m.group(2))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return tuple(values) if isinstance(values, list) else None
+
+
+def interpret(
+    label: str, method: str, status: int, body: bytes, duration_s: float | None
+) -> EngineOutcome:
+    """Pure: one HTTP reply of a dev route → one ``EngineOutcome`` (F.4.1)."""
+
+    def failed(error: str) -> EngineOutcome:
+        return EngineOutcome(label, Outcome.FAILED, error=_clip(error), duration_s=duration_s)
+
+    if status == 404:
+        return failed(DEV_MODE_OFF)
+    message = _error_message(body)
+    if status == 500 and message is not None:
+        values = parse_inconsistent(message, method)
+        if values is not None:
+            return EngineOutcome(
+                label,
+                Outcome.INCONSISTENT,
+                error=_clip(message),
+                duration_s=duration_s,
+                values=values,
+            )
+        return failed(message)
+    if status != 200:
+        return failed(f"HTTP {status}: {message if message is not None else _snippet(body)}")
+    key = "is_sleeping" if method == "is_sleeping" else "success"
+    if not body.strip():
+        return failed(NO_SUCCESS_FIELD if key == "success" else "empty response body")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return failed(f"response is not JSON: {_snippet(body)}")
+    if not isinstance(data, dict) or key not in data:
+        if key == "success":
+            return failed(NO_SUCCESS_FIELD)
+        return failed(f"response has no {key!r}: {_snippet(body)}")
+    return EngineOutcome(label, Outcome.OK, data[key], duration_s=duration_s)
+
+
+def _snippet(body: bytes) -> str:
+    return _clip(body.decode("utf-8", "replace").strip()) or "(empty body)"

@@ -1,0 +1,247 @@
+"""Engine-side conformance cases 16-23: the simulated engine against a stock-like client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from exporter.protocol import ENGINE_CORE_DEAD, encode_init
+from exporter.sim.engine import SimEngine, SimOptions, SimStartupError
+from tests.conftest import loopback_address
+from tests.core.stockclient import StockClient
+
+
+class Rig:
+    def __init__(self, slots: int = 1) -> None:
+        self.address = loopback_address()
+        self.ctx = zmq.asyncio.Context()
+        self.front = StockClient(self.ctx, self.address, slots)
+        self.tasks: list[asyncio.Task[str]] = []
+
+    def engine(self, rank: int, **options: object) -> SimEngine:
+        e = SimEngine(self.address, rank, SimOptions(**options), context=self.ctx)  # type: ignore[arg-type]
+        self.tasks.append(asyncio.create_task(e.run()))
+        return e
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.front.close()
+        self.ctx.term()
+
+
+@pytest.fixture
+async def rig_factory() -> AsyncIterator[object]:
+    rigs: list[Rig] = []
+
+    def make(slots: int = 1) -> Rig:
+        r = Rig(slots)
+        rigs.append(r)
+        return r
+
+    yield make
+    for r in rigs:
+        await r.close()
+
+
+async def test_case16_handshake_order_and_all_sockets(rig_factory) -> None:
+    rig = rig_factory(slots=2)
+    rig.engine(3)
+    identity, hello = await rig.front.recv_hs()
+    assert identity == b"\x03\x00"
+    assert (hello.status, hello.local, hello.headless) == ("HELLO", False, True)
+    await rig.front.send_init(identity)
+    regs = [await rig.front.recv_registration(slot) for slot in (0, 1)]
+    assert all(ident == b"\x03\x00" for ident, _ in regs)
+    assert len(regs[0][1]) == 28 and regs[0][1]["data_parallel_rank"] == 3
+    # Registration went out on every input before READY reached the handshake socket.
+    _, ready = await rig.front.recv_hs()
+    assert ready.status == "READY" and ready.headless
+    await rig.front.call(3, "is_sleeping", slot=1)
+    out = await rig.front.reply(slot=1)
+    assert out.engine_index == 3 and out.utility.value is False
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        {"addresses": {"inputs": [], "outputs": []}},
+        {"addresses": {"inputs": [], "outputs": []}, "parallel_config": {"x": True}},
+        {"addresses": {"inputs": [], "outputs": []}, "parallel_config": {"x": 0.5}},
+        {"addresses": {"inputs": [], "outputs": []}, "parallel_config": {"x": None}},
+        [{"inputs": [], "outputs": []}, {}],
+    ],
+)
+async def test_case17_bad_init_aborts_startup(rig_factory, init: object) -> None:
+    rig = rig_factory()
+    rig.engine(0)
+    identity, _ = await rig.front.recv_hs()
+    await rig.front.send_init(identity, msgspec.msgpack.encode(init))
+    with pytest.raises(SimStartupError):
+        await asyncio.wait_for(rig.tasks[0], 3)
+
+
+async def test_case17_unknown_init_keys_ignored(rig_factory) -> None:
+    rig = rig_factory()
+    rig.engine(0)
+    identity, _ = await rig.front.recv_hs()
+    init = msgspec.msgpack.decode(
+        encode_init(rig.front.input_addresses, rig.front.output_addresses)
+    )
+    init["future"] = {"a": 1}
+    init["addresses"]["future_address"] = "tcp://x"
+    await rig.front.send_init(identity, msgspec.msgpack.encode(init))
+    await rig.front.recv_registration(0)
+    _, ready = await rig.front.recv_hs()
+    assert ready.status == "READY"
+
+
+async def test_case18_reply_shape_and_failure_text(rig_factory) -> None:
+    rig = rig_factory()
+    rig.engine(1)
+    await rig.front.handshake(1)
+    call_id = await rig.front.call(1, "reset_mm_cache")
+    frames = await rig.front.recv_raw()
+    assert frames is not None and len(frames) == 1
+    decoded = msgspec.msgpack.decode(frames[0])
+    assert len(decoded) == 9 and decoded[0] == 1 and decoded[1] == []
+    assert decoded[4] == [
+        call_id,
+        "Call to reset_mm_cache method failed: "
+        "'EngineCoreProc' object has no attribute 'reset_mm_cache'",
+        None,
+    ]
+    call_id = await rig.front.call(1, "sleep", (1,))
+    decoded = msgspec.msgpack.decode((await rig.front.recv_raw())[0])
+    assert decoded[4] == [call_id, None, [None, None]], "None results are still [nil, nil]"
+
+
+async def test_case19_reply_goes_to_client_index_slot(rig_factory) -> None:
+    rig = rig_factory(slots=2)
+    rig.engine(0)
+    await rig.front.handshake(0)
+    call_id = await rig.front.call(0, "is_sleeping", slot=0, client_index=1)
+    assert await rig.front.recv_raw(slot=0, timeout_s=0.2) is None
+    out = await rig.front.reply(slot=1)
+    assert out.utility.call_id == call_id
+
+
+async def _value(rig: Rig, method: str, args: tuple = ()) -> object:
+    await rig.front.call(0, method, args)
+    out = await rig.front.reply()
+    assert out.utility.failure_message is None, out.utility.failure_message
+    return out.utility.value
+
+
+async def _failure(rig: Rig, method: str, args: tuple = ()) -> str:
+    await rig.front.call(0, method, args)
+    out = await rig.front.reply()
+    return str(out.utility.failure_message)
+
+
+async def test_case20_method_semantics(rig_factory) -> None:
+    rig = rig_factory()
+    rig.engine(0)
+    await rig.front.handshake(0)
+    assert await _value(rig, "is_sleeping") is False
+    await _value(rig, "sleep", (0,))
+    assert await _value(rig, "is_sleeping") is True  # level 0: paused only
+    assert await _value(rig, "is_scheduler_paused") is True
+    assert await _value(rig, "wake_up", (None,)) is True
+    assert await _value(rig, "is_sleeping") is False
+    await _value(rig, "sleep", (1,))
+    assert await _value(rig, "is_sleeping") is True
+    assert await _value(rig, "wake_up", (["weights"],)) is False  # partial wake
+    assert await _value(rig, "is_sleeping") is True
+    assert await _value(rig, "wake_up", (None,)) is True
+    await _value(rig, "pause_scheduler")
+    assert await _value(rig, "is_sleeping") is True
+    await _value(rig, "resume_scheduler")
+    assert (
+        await _failure(rig, "sleep", (1, "bogus"))
+        == "Call to sleep method failed: Invalid pause mode: bogus"
+    )
+    for args in ((), (True,), (True, True)):
+        assert await _value(rig, "reset_prefix_cache", args) is True
+    assert (
+        await _failure(rig, "reset_prefix_cache", (True, True, True))
+        == "Call to reset_prefix_cache method failed: "
+    )
+
+
+async def test_case21_shutdown_window_then_clean_exit(rig_factory) -> None:
+    rig = rig_factory()
+    engine = rig.engine(0, shutdown_window_s=0.5)
+    await rig.front.handshake(0)
+    engine.stop()
+    assert await _failure(rig, "is_sleeping") == "Server shutting down"
+    assert await asyncio.wait_for(rig.tasks[0], 3) == "stopped"
+    assert await rig.front.recv_raw(timeout_s=0.3) is None, "no ENGINE_CORE_DEAD on a clean exit"
+
+
+async def test_case21_fatal_error_sends_dead_on_every_output(rig_factory) -> None:
+    rig = rig_factory(slots=2)
+    rig.engine(0, dead_after_calls=1)
+    await rig.front.handshake(0)
+    await rig.front.call(0, "is_sleeping")
+    await rig.front.reply()
+    assert await rig.front.recv_raw(slot=0) == [ENGINE_CORE_DEAD]
+    assert await rig.front.recv_raw(slot=1) == [ENGINE_CORE_DEAD]
+    assert await asyncio.wait_for(rig.tasks[0], 3) == "dead"
+
+
+async def test_case22_deferred_sleep_waits_for_drain(rig_factory) -> None:
+    rig = rig_factory()
+    rig.engine(0, drain_s=0.4)
+    await rig.front.handshake(0)
+    sleep_id = await rig.front.call(0, "sleep", (1, "wait"))
+    probe_id = await rig.front.call(0, "is_sleeping")
+    first = await rig.front.reply()
+    second = await rig.front.reply()
+    assert [first.utility.call_id, second.utility.call_id] == [probe_id, sleep_id]
+
+
+async def test_case23_unknown_type_byte_kills_input_thread(rig_factory) -> None:
+    rig = rig_factory()
+    engine = rig.engine(0)
+    await rig.front.handshake(0)
+    await rig.front.call(0, "is_sleeping", request_type=b"\x07")
+    await asyncio.sleep(0.1)
+    assert engine.input_alive is False
+    await rig.front.call(0, "is_sleeping")
+    assert await rig.front.recv_raw(timeout_s=0.3) is None, "the engine is a silent zombie now"
+
+
+async def test_case23_malformed_payload_kills_input_thread(rig_factory) -> None:
+    rig = rig_factory()
+    engine = rig.engine(0)
+    await rig.front.handshake(0)
+    await rig.front.call(0, "x", payload=b"\x93\x00\x01\xa1x")
+    await asyncio.sleep(0.1)
+    assert engine.input_alive is False
+
+
+async def test_case23_out_of_range_client_index_kills_output_thread(rig_factory) -> None:
+    rig = rig_factory()
+    engine = rig.engine(0)
+    await rig.front.handshake(0)
+    await rig.front.call(0, "is_sleeping", client_index=5)
+    await asyncio.sleep(0.1)
+    assert engine.output_alive is False
+    await rig.front.call(0, "is_sleeping")
+    assert await rig.front.recv_raw(timeout_s=0.3) is None
+
+
+async def test_case23_executor_failed_type_kills_engine(rig_factory) -> None:
+    rig = rig_factory()
+    rig.engine(0)
+    await rig.front.handshake(0)
+    await rig.front.call(0, "is_sleeping", request_type=b"\x04")
+    assert await rig.front.recv_raw() == [ENGINE_CORE_DEAD]
+    assert await asyncio.wait_for(rig.tasks[0], 3) == "dead"
