@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,6 +106,8 @@ class EngineCoreClient:
         # Random start: a restarted exporter does not reuse the ids its predecessor had in flight.
         self._next_id = random.getrandbits(64)
         self._transport: ZmqTransport | None = None
+        #: Called when an engine comes up or goes down, so a poll can report it at once.
+        self.on_change: Callable[[], None] | None = None
 
     def attach(self, transport: ZmqTransport) -> None:
         self._transport = transport
@@ -253,8 +255,14 @@ class EngineCoreClient:
             )
         pending.future.set_result(outcome)
 
+    def on_engine_up(self, engine_index: int) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
     def on_engine_down(self, engine_index: int, reason: str) -> None:
         """Fail this engine's calls in flight at once (dead or restarted: no reply will come)."""
+        if self.on_change is not None:
+            self.on_change()
         for call_id, pending in list(self._pending.items()):
             if pending.engine_index == engine_index:
                 del self._pending[call_id]

@@ -134,8 +134,11 @@ class Poller:
         self._snapshot = snap
 
     async def run(self) -> None:
-        """Poll forever; each poll starts ``interval`` (± jitter) after the previous one ended."""
+        """Poll forever; each poll starts ``interval`` (± jitter) after the previous one ended,
+        or sooner when ``poll_soon`` is called (an engine came up or went down)."""
+        min_gap = min(0.2, self.interval_s / 10)
         while True:
+            self._wake.clear()  # a poll_soon() during this poll schedules the next one early
             try:
                 await self.poll_once()
             except Exception:  # keep serving /metrics whatever one poll hit
@@ -144,6 +147,6 @@ class Poller:
                 self._polled.notify_all()
             spread = self.interval_s * self.jitter
             delay = max(0.0, self.interval_s + random.uniform(-spread, spread))
-            self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+            await asyncio.sleep(min_gap)  # a flapping engine cannot make polls back to back

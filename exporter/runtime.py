@@ -75,6 +75,9 @@ class Exporter:
             include_relay=config.attach == "relay",
         )
         self.registry: CollectorRegistry = build_registry(self.collector)
+        if isinstance(self.client, EngineCoreClient):
+            self.client.on_change = self.poller.poll_soon
+        self.stats.preset(self.client.engine_labels)
         self._poll_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

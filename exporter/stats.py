@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from exporter.aggregate import EngineOutcome, Outcome
+from exporter.metrics_catalog import RESET_FAILURE_REASONS, RESET_OUTCOMES
 
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -59,6 +60,16 @@ class Stats:
     admin_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     relay_handshakes: Counter[str] = field(default_factory=Counter)
     polls: int = 0
+
+    def preset(self, engines: list[str]) -> None:
+        """Start the outcome series at 0 so that ``increase()`` sees their first event."""
+        for method in ("is_sleeping", "is_scheduler_paused"):
+            self.inconsistent_results[method] += 0
+        for outcome in RESET_OUTCOMES:
+            self.resets[outcome] += 0
+        for engine in engines:
+            for reason in RESET_FAILURE_REASONS:
+                self.reset_engine_failures[(engine, reason)] += 0
 
     def record_calls(self, method: str, outcomes: list[EngineOutcome]) -> None:
         hist = self.call_durations.get(method)

@@ -20,6 +20,8 @@ class TransportListener(Protocol):
 
     def on_engine_down(self, engine_index: int, reason: str) -> None: ...
 
+    def on_engine_up(self, engine_index: int) -> None: ...
+
 
 @dataclass
 class ProtocolErrorTally:

@@ -36,8 +36,12 @@ from exporter.transport.events import EngineLinkView, ProtocolErrorTally, Transp
 
 log = logging.getLogger("exporter.transport")
 
-#: Largest frame accepted from an engine; larger frames are dropped as malformed.
-MAX_FRAME_BYTES = 4 * 1024 * 1024
+#: Frames above this are dropped and counted as ``oversized_frame`` before any decoding.
+MAX_FRAME_BYTES = 1024 * 1024
+#: Hard limit enforced by ZMQ itself: a peer sending more is disconnected.
+ZMQ_MAX_MSG_BYTES = 16 * 1024 * 1024
+#: Monitor events that mean an engine's output connection is gone (process died or restarted).
+_GONE_EVENTS = zmq.EVENT_DISCONNECTED
 
 
 class Phase(enum.Enum):
@@ -121,7 +125,7 @@ class OwnerTransport:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
         self._sockets.append(sock)
         return sock
 
@@ -137,12 +141,16 @@ class OwnerTransport:
         base = self.config.fixed_base_port
         self._input = self._socket(zmq.ROUTER)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted engine reconnects with the same identity, possibly before its old
+        # connection is noticed as gone: let the new connection take the identity over.
+        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.input_address = self._bind(self._input, base)
         for offset, link in enumerate(self._links.values()):
             link.pull = self._socket(zmq.PULL)
             link.output_address = self._bind(link.pull, None if base is None else base + 1 + offset)
             link.reattachable = base is not None
         self._handshake = self._socket(zmq.ROUTER)
+        self._handshake.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._handshake.bind(self.config.handshake_address)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._handshake_loop(self._handshake)))
@@ -150,6 +158,9 @@ class OwnerTransport:
         for link in self._links.values():
             assert link.pull is not None
             self._tasks.append(loop.create_task(self._output_loop(link, link.pull)))
+            monitor = link.pull.get_monitor_socket(_GONE_EVENTS)
+            self._sockets.append(monitor)
+            self._tasks.append(loop.create_task(self._monitor_loop(link, monitor)))
 
     async def close(self) -> None:
         """Stop the loops and close every socket with linger 0."""
@@ -159,6 +170,10 @@ class OwnerTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        for sock in self._sockets:
+            if sock.type == zmq.PULL:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
         for sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
@@ -319,11 +334,28 @@ class OwnerTransport:
         if link.ready and link.registered:
             self._set_phase(link, Phase.UP)
             log.info("engine %d connected", link.engine_index)
+            self._listener.on_engine_up(link.engine_index)
+
+    async def _monitor_loop(self, link: _Link, monitor: zmq.asyncio.Socket) -> None:
+        """An engine's output connection closing means its process died or restarted: fail its
+        calls in flight at once instead of at their timeout (a SIGKILL sends no sentinel)."""
+        while True:
+            frames = await monitor.recv_multipart()
+            if link.phase is Phase.UP and len(frames) >= 1:
+                log.warning("engine %d: output connection closed", link.engine_index)
+                self._listener.on_engine_down(link.engine_index, "disconnected")
 
     async def _output_loop(self, link: _Link, sock: zmq.asyncio.Socket) -> None:
         while True:
-            frames = await sock.recv_multipart()
-            if frames[0] == ENGINE_CORE_DEAD:
+            frames = await sock.recv_multipart(copy=False)
+            sizes = [len(f) for f in frames]
+            if sizes[0] > MAX_FRAME_BYTES:
+                self._errors.record(
+                    "oversized_frame", f"engine {link.engine_index}: {sizes[0]} byte output frame"
+                )
+                continue
+            first = frames[0].bytes
+            if first == ENGINE_CORE_DEAD:
                 log.warning("engine %d sent ENGINE_CORE_DEAD", link.engine_index)
                 self._set_phase(link, Phase.DEAD)
                 link.reattachable = False
@@ -334,7 +366,7 @@ class OwnerTransport:
                     "extra_frames", f"engine {link.engine_index}: {len(frames)} output frames"
                 )
             try:
-                output = decode_engine_outputs(frames[0])
+                output = decode_engine_outputs(first)
             except ProtocolError as exc:
                 self._errors.record(exc.kind, f"engine {link.engine_index} output: {exc}")
                 continue
@@ -345,4 +377,9 @@ class OwnerTransport:
                     f"{output.engine_index}",
                 )
                 continue
+            if link.phase is Phase.IDLE and link.reattachable:
+                # A restarted exporter on fixed addresses: the engine reconnected on its own.
+                log.info("engine %d reattached without a handshake", link.engine_index)
+                self._set_phase(link, Phase.UP)
+                self._listener.on_engine_up(link.engine_index)
             self._listener.on_output(link.engine_index, output)
