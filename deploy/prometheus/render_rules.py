@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("prometheusrule", help="the Kubernetes PrometheusRule")
     mode = pr.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"write {PROMETHEUS_RULE.relative_to(ROOT)}")
+    mode.add_argument("--write", action="store_true", help="write the committed manifest")
     mode.add_argument("--check", action="store_true", help="fail when the committed file differs")
     rl = sub.add_parser("rules", help="the rules file, optionally with shorter `for:`")
     rl.add_argument("--for", dest="for_", metavar="DURATION", help="replace every for: value")
@@ -82,11 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             PROMETHEUS_RULE.write_text(rendered, encoding="utf-8")
         elif args.check:
-            current = PROMETHEUS_RULE.read_text(encoding="utf-8") if PROMETHEUS_RULE.exists() else ""
+            exists = PROMETHEUS_RULE.exists()
+            current = PROMETHEUS_RULE.read_text(encoding="utf-8") if exists else ""
             if current != rendered:
-                print(f"{PROMETHEUS_RULE.relative_to(ROOT)} is stale; run: "
-                      "python deploy/prometheus/render_rules.py prometheusrule --write",
-                      file=sys.stderr)
+                print(
+                    f"{PROMETHEUS_RULE.relative_to(ROOT)} is stale; run: "
+                    "python deploy/prometheus/render_rules.py prometheusrule --write",
+                    file=sys.stderr,
+                )
                 return 1
         else:
             sys.stdout.write(rendered)

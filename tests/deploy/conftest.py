@@ -32,7 +32,7 @@ def tool(name: str) -> str:
     """Absolute path of an external binary, or skip the calling test."""
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} is not installed (needed for this check; see tests/deploy/conftest.py)")
+        pytest.skip(f"{name} is not installed (see tests/deploy/conftest.py for the package)")
     return path
 
 
@@ -40,8 +40,10 @@ def run(args: list[str], timeout: float = 120, cwd: Path = ROOT) -> subprocess.C
     """Run a command, failing the test (with its output) when it exits non-zero."""
     proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"
-                    f"stderr:\n{proc.stderr}")
+        pytest.fail(
+            f"{' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"
+            f"stderr:\n{proc.stderr}"
+        )
     return proc
 
 

@@ -12,11 +12,17 @@ SELECTOR = re.compile(r"\b(vllm_dp_[A-Za-z0-9_]+)\s*(\{[^}]*\})?")
 REQUIRED_MATCHERS = ('job=~"$job"', 'instance=~"$instance"', 'model_name=~"$model_name"')
 # Metrics the issue asks the dashboard to show.
 REQUIRED_METRICS = {
-    "vllm_dp_fleet_state", "vllm_dp_engine_state", "vllm_dp_engines_connected",
-    "vllm_dp_engines_expected", "vllm_dp_inconsistent_utility_results_total",
-    "vllm_dp_prefix_cache_resets_total", "vllm_dp_prefix_cache_reset_engine_failures_total",
-    "vllm_dp_utility_call_duration_seconds_bucket", "vllm_dp_utility_calls_total",
-    "vllm_dp_last_poll_timestamp_seconds", "vllm_dp_poll_duration_seconds",
+    "vllm_dp_fleet_state",
+    "vllm_dp_engine_state",
+    "vllm_dp_engines_connected",
+    "vllm_dp_engines_expected",
+    "vllm_dp_inconsistent_utility_results_total",
+    "vllm_dp_prefix_cache_resets_total",
+    "vllm_dp_prefix_cache_reset_engine_failures_total",
+    "vllm_dp_utility_call_duration_seconds_bucket",
+    "vllm_dp_utility_calls_total",
+    "vllm_dp_last_poll_timestamp_seconds",
+    "vllm_dp_poll_duration_seconds",
 }
 
 
@@ -92,7 +98,8 @@ def test_every_selector_filters_on_the_variables(deploy):
             for required in REQUIRED_MATCHERS:
                 assert required in matchers, f"{title}: {name} lacks {required}"
         assert re.search(r'\bmodel_name\s*=\s*"', expr) is None, (
-            f"{title}: model_name must use a regex matcher (label is optional)")
+            f"{title}: model_name must use a regex matcher (label is optional)"
+        )
 
 
 def test_dashboard_metrics_are_in_catalog(deploy):
@@ -115,8 +122,11 @@ def test_dashboard_covers_every_state_value(deploy):
             exprs = " ".join(t["expr"] for t in p.get("targets", []))
             if metric not in exprs or f'state="{state}"' not in exprs:
                 continue
-            texts = {opt["text"] for m in p["fieldConfig"]["defaults"].get("mappings", [])
-                     for opt in m.get("options", {}).values()}
+            texts = {
+                opt["text"]
+                for m in p["fieldConfig"]["defaults"].get("mappings", [])
+                for opt in m.get("options", {}).values()
+            }
             if state in texts:
                 return True
         return False
@@ -128,8 +138,7 @@ def test_dashboard_covers_every_state_value(deploy):
 
 
 def test_latency_quantiles_by_method(deploy):
-    exprs = [e for _, e in _queries(deploy)
-             if "vllm_dp_utility_call_duration_seconds_bucket" in e]
+    exprs = [e for _, e in _queries(deploy) if "vllm_dp_utility_call_duration_seconds_bucket" in e]
     for q in ("0.5", "0.99"):
         assert any(f"histogram_quantile({q}," in e and "by (method, le)" in e for e in exprs), q
 
@@ -139,9 +148,13 @@ def test_queries_parse_as_promql(deploy, tmp_path):
     promtool = deploy.tool("promtool")
     rules = []
     for i, (_, expr) in enumerate(_queries(deploy)):
-        concrete = (expr.replace("$__rate_interval", "1m").replace("$__range", "1h")
-                    .replace("$job", ".*").replace("$instance", ".*")
-                    .replace("$model_name", ".*"))
+        concrete = (
+            expr.replace("$__rate_interval", "1m")
+            .replace("$__range", "1h")
+            .replace("$job", ".*")
+            .replace("$instance", ".*")
+            .replace("$model_name", ".*")
+        )
         assert "$" not in concrete, expr
         rules.append({"record": f"dashboard:query_{i}", "expr": concrete})
     path = tmp_path / "dashboard-queries.rules.yml"
@@ -150,15 +163,24 @@ def test_queries_parse_as_promql(deploy, tmp_path):
 
 
 def test_provisioning(deploy):
-    ds = yaml.safe_load((deploy.ROOT / "grafana/provisioning/datasources/prometheus.yaml")
-                        .read_text(encoding="utf-8"))
+    ds = yaml.safe_load(
+        (deploy.ROOT / "grafana/provisioning/datasources/prometheus.yaml").read_text(
+            encoding="utf-8"
+        )
+    )
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
-    prov = yaml.safe_load((deploy.ROOT / "grafana/provisioning/dashboards/vllm-dp-exporter.yaml")
-                          .read_text(encoding="utf-8"))
+    prov = yaml.safe_load(
+        (deploy.ROOT / "grafana/provisioning/dashboards/vllm-dp-exporter.yaml").read_text(
+            encoding="utf-8"
+        )
+    )
     (provider,) = prov["providers"]
     assert provider["type"] == "file"
     compose = yaml.safe_load(deploy.COMPOSE_FILE.read_text(encoding="utf-8"))
     mounts = compose["services"]["grafana"]["volumes"]
-    assert any(m.split(":")[1] == provider["options"]["path"]
-               and m.split(":")[0].endswith("grafana/dashboards") for m in mounts), mounts
+    assert any(
+        m.split(":")[1] == provider["options"]["path"]
+        and m.split(":")[0].endswith("grafana/dashboards")
+        for m in mounts
+    ), mounts

@@ -41,7 +41,7 @@ def test_promtool_unit_tests(deploy):
 def test_required_alerts_exist(deploy):
     names = [rule["alert"] for rule in deploy.alerting_rules()]
     assert len(names) == len(set(names)), "duplicate alert names"
-    assert REQUIRED_ALERTS <= set(names)
+    assert set(names) >= REQUIRED_ALERTS
 
 
 def test_every_alert_is_unit_tested_firing_and_silent(deploy):
@@ -70,7 +70,7 @@ def test_alert_structure(deploy):
             assert str(ann.get(key, "")).strip(), f"{name}: missing annotations.{key}"
         url = ann["runbook_url"]
         assert url.startswith(deploy.RUNBOOK_URL_PREFIX), f"{name}: runbook_url {url}"
-        anchor = url[len(deploy.RUNBOOK_URL_PREFIX):]
+        anchor = url[len(deploy.RUNBOOK_URL_PREFIX) :]
         assert anchor == name.lower(), f"{name}: anchor {anchor}"
         assert anchor in anchors, f"{name}: docs/runbooks.md has no section #{anchor}"
 
@@ -109,7 +109,8 @@ def test_prometheusrule_is_generated_from_rules_file(deploy):
 
     deploy.run([sys.executable, "deploy/prometheus/render_rules.py", "prometheusrule", "--check"])
     manifest = yaml.safe_load(
-        (deploy.KUSTOMIZE_DIR / "prometheusrule.yaml").read_text(encoding="utf-8"))
+        (deploy.KUSTOMIZE_DIR / "prometheusrule.yaml").read_text(encoding="utf-8")
+    )
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
     assert manifest["kind"] == "PrometheusRule"
     assert manifest["spec"]["groups"] == deploy.load_rules()["groups"]
