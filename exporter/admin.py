@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.aggregate import AllTrueVerdict, aggregate_all_true
+from exporter.aggregate import AllTrueVerdict, Outcome, aggregate_all_true
 from exporter.probe import reset_args
 from exporter.runtime import Exporter
 
@@ -234,9 +234,13 @@ class AdminController:
         exporter = self.exporter
         stats = exporter.stats
         started = time.perf_counter()
-        if exporter.client.connected_count() == 0:
+        timeout = exporter.config.reset_timeout or exporter.config.call_timeout
+        args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
+        outcomes = await exporter.client.call_utility("reset_prefix_cache", args, timeout_s=timeout)
+        stats.record_calls("reset_prefix_cache", outcomes)
+        if all(o.outcome is Outcome.DISCONNECTED for o in outcomes):
             stats.resets["failure"] += 1
-            return 503, {
+            body = {
                 "success": False,
                 "outcome": "failure",
                 "engines": [],
@@ -244,12 +248,9 @@ class AdminController:
                 "flags": flags,
                 "error": "no engine is connected",
             }
-        timeout = exporter.config.reset_timeout or exporter.config.call_timeout
-        args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
-        outcomes = await exporter.client.call_utility("reset_prefix_cache", args, timeout_s=timeout)
+            return 503, body
         duration = time.perf_counter() - started
         verdict = aggregate_all_true("reset_prefix_cache", outcomes)
-        stats.record_calls("reset_prefix_cache", outcomes)
         stats.resets[verdict.outcome] += 1
         stats.reset_durations.observe(duration)
         for f in verdict.failures:

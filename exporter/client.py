@@ -50,6 +50,10 @@ class FleetClient(Protocol):
 
     def connected_count(self) -> int: ...
 
+    def supports(self, method: str) -> bool:
+        """Whether this attach mode can ask ``method`` at all (HTTP has no paused route)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -142,6 +146,9 @@ class EngineCoreClient:
 
     def connected_count(self) -> int:
         return self.transport.connected_count()
+
+    def supports(self, method: str) -> bool:
+        return method in self._allowed
 
     async def start(self) -> None:
         await self.transport.start()

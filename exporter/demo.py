@@ -25,6 +25,13 @@ log = logging.getLogger("exporter.demo")
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", type=int, default=4, help="number of simulated engines")
+    p.add_argument(
+        "--attach",
+        choices=("owner", "http", "relay"),
+        default="owner",
+        help="owner: engines handshake with the exporter; http: simulated vLLM API servers; "
+        "relay: a simulated vLLM front end with the exporter relaying its handshake",
+    )
     p.add_argument("--listen", default="127.0.0.1:9400")
     p.add_argument("--admin-listen", default="127.0.0.1:9401")
     p.add_argument("--handshake-address", default=None, help="default: a free loopback port")
@@ -134,4 +141,22 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.engines < 1:
         print("vllm-dp-exporter demo: --engines must be at least 1", file=sys.stderr)
         return 2
+    common = (
+        args.engines,
+        args.listen,
+        args.admin_listen,
+        args.poll_interval,
+        args.call_timeout,
+        args.story_period,
+    )
+    if args.attach == "http":
+        from exporter.sim.http_demo import run_http_demo
+
+        return asyncio.run(
+            run_http_demo(*common, reset_every=args.reset_every, model_name=args.model_name)
+        )
+    if args.attach == "relay":
+        from exporter.sim.relay_demo import run_relay_demo
+
+        return asyncio.run(run_relay_demo(*common))
     return asyncio.run(run_demo_async(args))

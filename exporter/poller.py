@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from exporter.aggregate import (
+    ConsensusVerdict,
     EngineOutcome,
     FleetState,
     aggregate_consensus,
@@ -73,10 +74,15 @@ class Poller:
     async def poll_once(self) -> FleetSnapshot:
         """Run one poll and publish its snapshot."""
         started = time.perf_counter()
-        sleeping, paused = await asyncio.gather(
-            self._client.call_utility("is_sleeping", timeout_s=self.call_timeout_s),
-            self._client.call_utility("is_scheduler_paused", timeout_s=self.call_timeout_s),
-        )
+        client = self._client
+        if client.supports("is_scheduler_paused"):
+            sleeping, paused = await asyncio.gather(
+                client.call_utility("is_sleeping", timeout_s=self.call_timeout_s),
+                client.call_utility("is_scheduler_paused", timeout_s=self.call_timeout_s),
+            )
+        else:
+            sleeping = await client.call_utility("is_sleeping", timeout_s=self.call_timeout_s)
+            paused = []
         sleeping = require_bool(sleeping)
         paused = require_bool(paused)
         duration = time.perf_counter() - started
@@ -113,7 +119,10 @@ class Poller:
             poll_duration_s=duration,
             engines=tuple(engines),
             sleeping=aggregate_consensus("is_sleeping", sleeping),
-            paused=aggregate_consensus("is_scheduler_paused", paused),
+            # Not asked at all (HTTP attach): unknown, without a "no results" error.
+            paused=aggregate_consensus("is_scheduler_paused", paused)
+            if paused
+            else ConsensusVerdict("is_scheduler_paused", FleetState.UNKNOWN),
             expected=len(details),
             connected=self._client.connected_count(),
             poll_number=previous + 1,
@@ -125,7 +134,8 @@ class Poller:
         stats = self._stats
         stats.polls += 1
         stats.record_calls("is_sleeping", sleeping)
-        stats.record_calls("is_scheduler_paused", paused)
+        if paused:
+            stats.record_calls("is_scheduler_paused", paused)
         for verdict in (snap.sleeping, snap.paused):
             if verdict.state is FleetState.INCONSISTENT:
                 stats.inconsistent_results[verdict.method] += 1

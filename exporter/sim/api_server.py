@@ -278,9 +278,9 @@ async def start_api_server(
         raise TypeError("pass either options or option keywords, not both")
     sim = SimApiServer(options)
     sim.app[API_SERVER_KEY] = sim
-    runner = web.AppRunner(sim.app, access_log=None)
+    runner = web.AppRunner(sim.app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     server = getattr(site, "_server", None)
     bound = server.sockets[0].getsockname()[1] if server and server.sockets else port

@@ -107,7 +107,9 @@ async def run_http_demo(
         admin = config.admin_host_port
         if admin is not None:
             admin_url = f"http://{admin[0]}:{admin[1]}"
-            print(f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True)
+            print(
+                f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True
+            )
             if reset_every > 0:
                 tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
         await serve(config, stop)

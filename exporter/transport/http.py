@@ -85,7 +85,7 @@ def parse_target(text: str, index: int) -> HttpTarget:
         )
     if url.query_string or url.fragment:
         raise ConfigError(f"--http-target {text!r}: a target URL takes no query or fragment")
-    return HttpTarget(name if name is not None else str(index), str(url).rstrip("/"))
+    return HttpTarget(name if name is not None else str(index), entry.rstrip("/"))
 
 
 def read_targets_file(path: str) -> list[str]:
@@ -182,6 +182,10 @@ class HttpFleetClient:
 
     def connected_count(self) -> int:
         return sum(1 for s in self._states if s.connected)
+
+    def supports(self, method: str) -> bool:
+        """No dev route answers is_scheduler_paused: the poller does not ask (or count) it."""
+        return method in self.allowed_methods and method != "is_scheduler_paused"
 
     async def start(self) -> None:
         headers = {"Accept": "application/json"}

@@ -1,0 +1,54 @@
+"""The HTTP demo: simulated API servers per node, the exporter with attach=http, a moving story."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from exporter.sim.http_demo import node_sizes, run_http_demo
+
+from .conftest import HOST, free_port
+
+
+def test_node_sizes() -> None:
+    assert node_sizes(1) == [1]
+    assert node_sizes(2) == [1, 1]
+    assert node_sizes(4) == [2, 1, 1]
+    assert node_sizes(9) == [3, 3, 3]
+
+
+async def test_http_demo_metrics_move() -> None:
+    listen = f"{HOST}:{free_port()}"
+    stop = asyncio.Event()
+    demo = asyncio.create_task(
+        run_http_demo(4, listen, f"{HOST}:{free_port()}", 0.1, 0.5, 2.0, reset_every=0.3, stop=stop)
+    )
+    seen: set[str] = set()
+    engines: set[str] = set()
+    resets = False
+    deadline = time.monotonic() + 7
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while time.monotonic() < deadline and not (
+                {"consistent", "inconsistent"} <= seen and resets
+            ):
+                await asyncio.sleep(0.1)
+                assert not demo.done(), demo
+                try:
+                    async with session.get(f"http://{listen}/status") as resp:
+                        status = await resp.json()
+                    async with session.get(f"http://{listen}/metrics") as resp:
+                        text = await resp.text()
+                except aiohttp.ClientConnectionError:
+                    continue
+                seen.add(status["aggregate"]["is_sleeping"]["state"])
+                engines.update(e["engine"] for e in status["engines"])
+                resets = resets or "vllm_dp_prefix_cache_resets_total{" in text
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(demo, 5) == 0
+    assert engines == {"node0", "node1", "node2"}
+    assert {"consistent", "inconsistent"} <= seen
+    assert resets
