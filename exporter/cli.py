@@ -50,6 +50,8 @@ def _add_sim_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-sleep-mode", action="store_true")
     p.add_argument("--handshake-timeout", type=float, default=300.0)
     p.add_argument("--story-period", type=float, metavar="S", help="run the demo story")
+    p.add_argument("--fleet-start", type=int, help="story: first index of the whole fleet")
+    p.add_argument("--fleet-size", type=int, help="story: engines in the whole fleet")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +116,14 @@ def _run_sim_engine(args: argparse.Namespace) -> int:
     indices = list(range(args.engine_index, args.engine_index + args.engine_count))
 
     async def run() -> int:
-        return await serve_engines(make_engines(args.handshake_address, indices, options))
+        engines = make_engines(
+            args.handshake_address,
+            indices,
+            options,
+            fleet_start=args.fleet_start,
+            fleet_size=args.fleet_size,
+        )
+        return await serve_engines(engines)
 
     return asyncio.run(run())
 

@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import logging
 import math
-import socket
 import subprocess
 import sys
 
 import aiohttp
 
 from exporter.config import resolve_config
-from exporter.service import serve
+from exporter.ports import free_listen_port
 
 log = logging.getLogger("exporter.demo")
 
@@ -40,12 +39,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--story-period", type=float, default=40.0, help="seconds per story cycle")
     p.add_argument("--reset-every", type=float, default=5.0, help="seconds between demo resets")
     p.add_argument("--model-name", default=None)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def engine_groups(count: int, max_processes: int = 8) -> list[tuple[int, int]]:
@@ -72,6 +65,10 @@ def spawn_engines(handshake: str, count: int, story_period: float) -> list[subpr
             str(n),
             "--story-period",
             str(story_period),
+            "--fleet-start",
+            "0",
+            "--fleet-size",
+            str(count),
         ]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
     return procs
@@ -101,7 +98,11 @@ async def reset_loop(admin_url: str, every_s: float) -> None:
 
 
 async def run_demo_async(args: argparse.Namespace) -> int:
-    handshake = args.handshake_address or f"tcp://127.0.0.1:{free_port()}"
+    # Imported here: `cli` imports this module to build its parser, and `ctl` should not pay
+    # for loading the whole server stack at start-up.
+    from exporter.service import serve
+
+    handshake = args.handshake_address or f"tcp://127.0.0.1:{free_listen_port()}"
     config = resolve_config(
         None,
         attach="owner",

@@ -6,7 +6,6 @@ a poll by at most the call timeout, because both calls share one deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -143,6 +142,16 @@ class Poller:
             log.warning("%s", snap.sleeping.error)
         self._snapshot = snap
 
+    async def _sleep_or_wake(self, delay: float) -> None:
+        """Wait ``delay`` seconds or until ``poll_soon``. Not ``asyncio.wait_for``: before
+        Python 3.12 it swallows a cancellation that races with the wake-up, and ``stop()``
+        then waited forever for a poller that kept running."""
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((waiter,), timeout=delay)
+        finally:
+            waiter.cancel()
+
     async def run(self) -> None:
         """Poll forever; each poll starts ``interval`` (± jitter) after the previous one ended,
         or sooner when ``poll_soon`` is called (an engine came up or went down)."""
@@ -157,6 +166,5 @@ class Poller:
                 self._polled.notify_all()
             spread = self.interval_s * self.jitter
             delay = max(0.0, self.interval_s + random.uniform(-spread, spread))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await self._sleep_or_wake(delay)
             await asyncio.sleep(min_gap)  # a flapping engine cannot make polls back to back

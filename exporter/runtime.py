@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.client import EngineCoreClient, FleetClient
@@ -79,6 +81,34 @@ class Exporter:
             self.client.on_change = self.poller.poll_soon
         self.stats.preset(self.client.engine_labels)
         self._poll_task: asyncio.Task[None] | None = None
+        self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
+
+    def _state_version(self) -> tuple[int, ...]:
+        """Changes whenever anything a scrape renders changes (a poll, an admin request, a
+        protocol error, a relayed handshake): scrapes in between reuse the rendered body."""
+        st = self.stats
+        return (
+            id(self.poller.snapshot),
+            st.polls,
+            sum(st.admin_requests.values()),
+            sum(self.errors.counts.values()),
+            sum(st.relay_handshakes.values()),
+        )
+
+    def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:
+        """The /metrics body for this Accept header, rendered once per state change: a storm
+        of concurrent scrapes costs one render, not one per scrape, and never starves polls."""
+        encoder, content_type = choose_encoder(accept)
+        key = (content_type, use_gzip)
+        version = self._state_version()
+        cached = self._render_cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1], cached[2]
+        body = encoder(self.registry)
+        if use_gzip:
+            body = gzip.compress(body, compresslevel=5)
+        self._render_cache[key] = (version, body, content_type)
+        return body, content_type
 
     async def start(self) -> None:
         await self.client.start()

@@ -6,19 +6,18 @@ a test can start and stop the whole service in-process with aiohttp's own runner
 
 from __future__ import annotations
 
-import gzip
 import html
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.aggregate import ConsensusVerdict, FleetState
 from exporter.config import ServeConfig
+from exporter.httpguard import guarded_runner
 from exporter.runtime import Exporter
 from exporter.snapshot import EngineSnapshot, FleetSnapshot
 
@@ -83,11 +82,10 @@ def status_json(snap: FleetSnapshot, config: ServeConfig) -> dict[str, Any]:
 
 async def metrics(request: web.Request) -> web.Response:
     exporter = request.app[EXPORTER_KEY]
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    body = encoder(exporter.registry)
+    use_gzip = "gzip" in request.headers.get("Accept-Encoding", "")
+    body, content_type = exporter.render_metrics(request.headers.get("Accept", ""), use_gzip)
     headers = {"Content-Type": content_type}
-    if "gzip" in request.headers.get("Accept-Encoding", ""):
-        body = gzip.compress(body, compresslevel=5)
+    if use_gzip:
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)
 
@@ -186,7 +184,7 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     admin_app = create_admin_app(exporter)
-    runner = web.AppRunner(admin_app, access_log=None, handler_cancellation=False)
+    runner = guarded_runner(admin_app, access_log=None, handler_cancellation=False)
     await runner.setup()
     site = web.TCPSite(runner, where[0], where[1])
     await site.start()

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from exporter.config import ServeConfig, resolve_config
 from exporter.error import ConfigError, ExporterError
+from exporter.httpguard import guarded_runner
 from exporter.server import create_app
 
 log = logging.getLogger("exporter")
@@ -24,7 +25,7 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     host, port = config.listen_host_port
     site = web.TCPSite(runner, host, port)

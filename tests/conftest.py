@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
+from exporter.ports import free_listen_port, free_port
+
+__all__ = ["free_listen_port", "free_port", "loopback_address"]
+
 DATA = Path(__file__).parent / "data"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def loopback_address() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
+    """A handshake address: engines may dial it before the exporter binds it."""
+    return f"tcp://127.0.0.1:{free_listen_port()}"
 
 
 def load_vectors() -> dict[str, bytes]:

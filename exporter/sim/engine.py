@@ -93,7 +93,6 @@ class SimEngine:
         self._queue: asyncio.Queue[tuple[int, int, str, list[Any]]] = asyncio.Queue()
         self._stop = asyncio.Event()
         self._exit_reason = "stopped"
-        self._started_at = self.clock()
 
     # -- public control ----------------------------------------------------------------------
 
@@ -336,11 +335,9 @@ class SimEngine:
 
     async def _story_loop(self, period_s: float) -> None:
         while True:
+            # Wall-clock time: engines in different processes share the story's phase.
             state = story_state(
-                self.options.story_offset,
-                self.options.story_count,
-                self.clock() - self._started_at,
-                period_s,
+                self.options.story_offset, self.options.story_count, time.time(), period_s
             )
             self.options.refuse_reset = state.refuse_reset
             if state.sleeping:

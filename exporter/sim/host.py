@@ -19,11 +19,17 @@ def make_engines(
     indices: list[int],
     options: SimOptions,
     context: zmq.asyncio.Context | None = None,
+    *,
+    fleet_start: int | None = None,
+    fleet_size: int | None = None,
 ) -> list[SimEngine]:
-    """One engine per index, each with its own copy of ``options`` and its story position."""
+    """One engine per index, each with its own copy of ``options`` and its position in the
+    story of the whole fleet (which may span several processes: ``fleet_start``/``fleet_size``)."""
+    start = indices[0] if fleet_start is None and indices else (fleet_start or 0)
+    size = len(indices) if fleet_size is None else fleet_size
     engines = []
-    for offset, index in enumerate(indices):
-        opts = dataclasses.replace(options, story_offset=offset, story_count=len(indices))
+    for index in indices:
+        opts = dataclasses.replace(options, story_offset=index - start, story_count=size)
         engines.append(SimEngine(handshake_address, index, opts, context=context))
     return engines
 

@@ -9,8 +9,8 @@ Sockets:
   engines dial it instead of the front end; restarted engines handshake again through it);
 * per handshake, a DEALER to ``upstream_handshake_address`` with the engine's own identity, so the
   front end cannot tell it from the engine; closed after READY with a non-zero linger;
-* one input ROUTER (``ROUTER_MANDATORY``) and one output PULL per engine, as in owner mode, so an
-  ENGINE_CORE_DEAD is attributable to one engine.
+* the data plane shared with owner mode (``exporter.transport.dataplane``): one input ROUTER and
+  one output PULL per engine, so an ENGINE_CORE_DEAD is attributable to one engine.
 
 Per engine and handshake: HELLO up byte for byte exactly once; INIT down with the exporter's
 addresses appended (``append_client_slot``; when the INIT cannot be rewritten exactly it goes down
@@ -36,55 +36,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import json
 import logging
-import os
-import tempfile
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from exporter.client import EngineCoreClient
 from exporter.config import ServeConfig
-from exporter.error import HandshakeError, ProtocolError
-from exporter.protocol import (
-    ENGINE_CORE_DEAD,
-    HELLO,
-    READY,
-    UTILITY_REQUEST_TYPE,
-    RegistrationInfo,
-    decode_engine_outputs,
-    decode_handshake_message,
-    decode_registration,
-    engine_identity,
-)
+from exporter.error import ProtocolError
+from exporter.protocol import HELLO, READY, decode_handshake_message, engine_identity
 from exporter.protocol.relay import append_client_slot
 from exporter.stats import Stats
-from exporter.transport.events import EngineLinkView, ProtocolErrorTally, TransportListener
-from exporter.transport.owner import MAX_FRAME_BYTES, EngineUnavailable
+from exporter.transport.dataplane import (
+    ZMQ_MAX_MSG_BYTES,
+    EngineDataPlane,
+    EngineLink,
+    FleetShape,
+    Phase,
+)
+from exporter.transport.events import ProtocolErrorTally, TransportListener
+from exporter.transport.relay_state import SlotRecord, read_state, write_state
+
+__all__ = ["Phase", "RelayConfig", "RelayTransport", "make_relay_client", "relay_config"]
 
 log = logging.getLogger("exporter.transport.relay")
 
-STATE_VERSION = 1
 #: Linger of the upstream DEALER after READY: the engine's own handshake DEALER uses 5000 ms.
 UPSTREAM_LINGER_MS = 5000
-#: An engine waits 5 minutes for INIT (``HANDSHAKE_TIMEOUT_MINS``); give up a little later.
-UPSTREAM_TIMEOUT_S = 310.0
-
-
-class Phase(enum.Enum):
-    IDLE = "idle"  # no handshake seen
-    HELLO_SENT = "hello_sent"  # HELLO forwarded upstream, waiting for the front end's INIT
-    INIT_SENT = "init_sent"  # INIT forwarded to the engine, waiting for READY and registration
-    UP = "up"  # READY forwarded and registration received (or unslotted: READY forwarded)
-    RESTORED = "restored"  # from the state file: callable, connected once it answers
-    DEAD = "dead"  # ENGINE_CORE_DEAD received; a new HELLO revives it
+#: An engine waits 5 minutes for INIT (``HANDSHAKE_TIMEOUT_MINS``) from the moment it sent
+#: HELLO. The relay drops a still-queued HELLO a little *before* that, so a front end that comes
+#: up late never receives a HELLO from an engine that has already given up (it would send INIT
+#: into the void and wait for READY forever).
+UPSTREAM_TIMEOUT_S = 295.0
 
 
 @dataclass
@@ -104,40 +89,38 @@ class RelayConfig:
     upstream_linger_ms: int = UPSTREAM_LINGER_MS
 
     def __post_init__(self) -> None:
-        if self.engine_count < 1:
-            raise ValueError("engine_count must be at least 1")
-        if self.start_rank < 0 or self.start_rank + self.engine_count > 0x10000:
-            raise ValueError("engine ranks must fit in 0..65535")
+        self.shape  # noqa: B018 - validates the fleet shape
         if self.upstream_linger_ms <= 0:
             raise ValueError("upstream_linger_ms must be positive (linger 0 can drop READY)")
 
     @property
+    def shape(self) -> FleetShape:
+        return FleetShape(
+            self.engine_count,
+            self.start_rank,
+            self.advertise_host,
+            self.bind_host,
+            self.fixed_base_port,
+        )
+
+    @property
     def engine_indices(self) -> range:
-        return range(self.start_rank, self.start_rank + self.engine_count)
+        return self.shape.engine_indices
 
 
 @dataclass
-class _Link:
-    engine_index: int
-    identity: bytes
-    output_address: str = ""
-    phase: Phase = Phase.IDLE
-    #: The exporter's client_index on this engine; None when the INIT was not rewritten.
-    slot: int | None = None
-    ready: bool = False
-    registered: bool = False
-    handshakes: int = 0
+class RelayLink(EngineLink):
+    """An engine's link plus the relay's handshake state."""
+
     attempt: int = 0
-    registration: RegistrationInfo | None = None
     upstream: zmq.asyncio.Socket | None = field(default=None, repr=False)
     upstream_task: asyncio.Task[None] | None = field(default=None, repr=False)
     #: The last INIT as the front end sent it and as the engine got it (for checks and status).
     init_upstream: bytes | None = field(default=None, repr=False)
     init_forwarded: bytes | None = field(default=None, repr=False)
-    pull: zmq.asyncio.Socket | None = field(default=None, repr=False)
 
 
-class RelayTransport:
+class RelayTransport(EngineDataPlane):
     """Relays every expected engine's handshake, then routes the exporter's own frames."""
 
     def __init__(
@@ -149,58 +132,32 @@ class RelayTransport:
         *,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
+        super().__init__(config.shape, listener, errors, context=context)
         self.config = config
-        self._listener = listener
-        self._errors = errors
         self.handshake_results: Counter[str] = handshakes if handshakes is not None else Counter()
-        self._own_context = context is None
-        self._ctx = context or zmq.asyncio.Context()
-        self._links = {idx: _Link(idx, engine_identity(idx)) for idx in config.engine_indices}
-        self._by_identity = {link.identity: link for link in self._links.values()}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._sockets: list[zmq.asyncio.Socket] = []
-        self._changed = asyncio.Event()
-        self.input_address = ""
         self._handshake: zmq.asyncio.Socket | None = None
-        self._input: zmq.asyncio.Socket | None = None
+        self._handshake_task: asyncio.Task[None] | None = None
         self._closed = False
+
+    def _new_link(self, engine_index: int) -> RelayLink:
+        return RelayLink(engine_index, engine_identity(engine_index))
+
+    def _link(self, identity: bytes) -> RelayLink | None:
+        link = self._by_identity.get(identity)
+        assert link is None or isinstance(link, RelayLink)
+        return link
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _socket(self, kind: int) -> zmq.asyncio.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        self._sockets.append(sock)
-        return sock
-
-    def _bind(self, sock: zmq.asyncio.Socket, port: int | None) -> str:
-        host = self.config.bind_host or self.config.advertise_host
-        sock.bind(f"tcp://{host}:{port if port is not None else '*'}")
-        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        bound_port = bound.rsplit(":", 1)[1]
-        return f"tcp://{self.config.advertise_host}:{bound_port}"
-
-    async def start(self) -> None:
-        """Bind every socket, restore engines from the state file, start the loops."""
-        base = self.config.fixed_base_port
-        self._input = self._socket(zmq.ROUTER)
-        self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.input_address = self._bind(self._input, base)
-        for offset, link in enumerate(self._links.values()):
-            link.pull = self._socket(zmq.PULL)
-            link.output_address = self._bind(link.pull, None if base is None else base + 1 + offset)
+    async def _start_control(self) -> None:
         self._restore_state()
-        self._handshake = self._socket(zmq.ROUTER)
-        self._handshake.bind(self.config.handshake_address)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._handshake_loop(self._handshake)))
-        self._tasks.append(loop.create_task(self._input_loop(self._input)))
-        for link in self._links.values():
-            assert link.pull is not None
-            self._tasks.append(loop.create_task(self._output_loop(link, link.pull)))
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
+        sock.bind(self.config.handshake_address)
+        self._handshake = sock
+        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake_loop(sock))
         log.info(
             "relay: engines dial %s, front end at %s, exporter input %s",
             self.config.handshake_address,
@@ -208,11 +165,12 @@ class RelayTransport:
             self.input_address,
         )
 
-    async def close(self) -> None:
-        """Stop the loops and close every socket (an upstream mid-handshake with linger 0)."""
+    async def _close_control(self) -> None:
+        """Stop relaying; an upstream socket still mid-handshake is closed with linger 0."""
         self._closed = True
-        tasks = list(self._tasks)
+        tasks = [self._handshake_task] if self._handshake_task is not None else []
         for link in self._links.values():
+            assert isinstance(link, RelayLink)
             if link.upstream_task is not None:
                 tasks.append(link.upstream_task)
                 link.upstream_task = None
@@ -221,48 +179,15 @@ class RelayTransport:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
+        self._handshake_task = None
         for link in self._links.values():
+            assert isinstance(link, RelayLink)
             self._drop_upstream(link)
-        for sock in self._sockets:
-            sock.close(linger=0)
-        self._sockets.clear()
-        if self._own_context:
-            # An upstream DEALER closed after READY may still be flushing it (bounded by linger).
-            await asyncio.to_thread(self._ctx.term)
+        if self._handshake is not None:
+            self._handshake.close(linger=0)
+            self._handshake = None
 
     # -- views -----------------------------------------------------------------------------
-
-    @property
-    def engine_indices(self) -> list[int]:
-        return list(self._links)
-
-    def link_views(self) -> list[EngineLinkView]:
-        return [
-            EngineLinkView(
-                engine_index=link.engine_index,
-                connected=link.phase is Phase.UP and link.slot is not None,
-                dead=link.phase is Phase.DEAD,
-                handshakes=link.handshakes,
-                registration=link.registration,
-                output_address=link.output_address,
-            )
-            for link in self._links.values()
-        ]
-
-    def is_callable(self, engine_index: int) -> bool:
-        link = self._links[engine_index]
-        return link.slot is not None and link.phase in (Phase.UP, Phase.RESTORED)
-
-    def client_index(self, engine_index: int) -> int:
-        """The exporter's slot on this engine, as computed from the INIT it relayed."""
-        slot = self._links[engine_index].slot
-        if slot is None:
-            raise EngineUnavailable(f"engine {engine_index} has no exporter slot")
-        return slot
-
-    def connected_count(self) -> int:
-        return sum(1 for view in self.link_views() if view.connected)
 
     def phase(self, engine_index: int) -> Phase:
         return self._links[engine_index].phase
@@ -270,133 +195,49 @@ class RelayTransport:
     def init_frames(self, engine_index: int) -> tuple[bytes | None, bytes | None]:
         """The last INIT as received from the front end and as forwarded to the engine."""
         link = self._links[engine_index]
+        assert isinstance(link, RelayLink)
         return link.init_upstream, link.init_forwarded
 
-    async def wait_connected(self, timeout_s: float, indices: Iterable[int] | None = None) -> None:
-        """Wait until every (given) engine is callable; HandshakeError on timeout."""
-        wanted = list(self._links if indices is None else indices)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            missing = [i for i in wanted if self._links[i].phase is not Phase.UP]
-            if not missing:
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise HandshakeError(
-                    f"engines {missing} did not complete the relayed handshake within "
-                    f"{timeout_s:g}s"
-                )
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+    # -- state file ------------------------------------------------------------------------
 
-    # -- sending ---------------------------------------------------------------------------
-
-    def send_utility(self, engine_index: int, payload: bytes) -> None:
-        """Route a UTILITY payload to one engine; EngineUnavailable when it cannot be sent."""
-        if not self.is_callable(engine_index):
-            raise EngineUnavailable(f"engine {engine_index} is not connected")
-        assert self._input is not None
-        link = self._links[engine_index]
-        try:
-            self._input.send_multipart(
-                [link.identity, UTILITY_REQUEST_TYPE, payload], flags=zmq.NOBLOCK, copy=True
-            )
-        except zmq.ZMQError as exc:
-            raise EngineUnavailable(f"engine {engine_index} is not routable: {exc}") from None
-
-    # -- state -----------------------------------------------------------------------------
-
-    def _set_phase(self, link: _Link, phase: Phase) -> None:
-        link.phase = phase
-        self._changed.set()
-
-    def _state(self) -> dict[str, Any]:
-        engines = [
-            {
-                "engine_index": link.engine_index,
-                "identity": link.identity.hex(),
-                "client_index": link.slot,
-                "output_address": link.output_address,
-            }
+    def _write_state(self) -> None:
+        if not self.config.state_file:
+            return
+        slots = [
+            SlotRecord(link.engine_index, link.identity.hex(), link.slot, link.output_address)
             for link in self._links.values()
             if link.slot is not None
             and link.phase in (Phase.UP, Phase.RESTORED, Phase.INIT_SENT)
             and (link.ready or link.phase is Phase.RESTORED)
         ]
-        return {
-            "version": STATE_VERSION,
-            "input_address": self.input_address,
+        extra = {
             "handshake_address": self.config.handshake_address,
             "upstream_handshake_address": self.config.upstream_handshake_address,
-            "engines": engines,
         }
-
-    def _write_state(self) -> None:
-        path = self.config.state_file
-        if not path:
-            return
-        target = Path(path)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".relay-state-", dir=target.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(self._state(), f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as exc:
-            log.error("relay: cannot write state file %s: %s", path, exc)
+        write_state(self.config.state_file, self.input_address, extra, slots)
 
     def _restore_state(self) -> None:
-        path = self.config.state_file
-        if not path or not Path(path).exists():
-            return
-        try:
-            state = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("relay: ignoring unreadable state file %s: %s", path, exc)
-            return
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            log.warning("relay: ignoring state file %s of an unknown version", path)
-            return
-        if state.get("input_address") != self.input_address:
-            log.warning(
-                "relay: state file %s was written for input %s, now %s: engines cannot "
-                "reconnect (use --fixed-base-port); ignoring it",
-                path,
-                state.get("input_address"),
-                self.input_address,
-            )
+        if not self.config.state_file:
             return
         restored = []
-        for entry in state.get("engines") or []:
-            if not isinstance(entry, dict):
-                continue
-            link = self._links.get(entry.get("engine_index", -1))
-            slot = entry.get("client_index")
+        for record in read_state(self.config.state_file, self.input_address):
+            link = self._links.get(record.engine_index)
             if (
                 link is None
-                or entry.get("identity") != link.identity.hex()
-                or entry.get("output_address") != link.output_address
-                or not isinstance(slot, int)
-                or isinstance(slot, bool)
-                or slot < 0
+                or record.identity_hex != link.identity.hex()
+                or record.output_address != link.output_address
             ):
-                log.warning("relay: state file entry %r does not match this exporter", entry)
+                log.warning("relay: state file entry %r does not match this exporter", record)
                 continue
-            link.slot = slot
+            link.slot = record.client_index
             link.phase = Phase.RESTORED
             restored.append(link.engine_index)
         if restored:
-            log.info("relay: restored engines %s from %s without a handshake", restored, path)
+            log.info("relay: restored engines %s without a handshake", restored)
             self._changed.set()
+
+    def _on_dead(self, link: EngineLink) -> None:
+        self._write_state()
 
     # -- handshake relay -------------------------------------------------------------------
 
@@ -412,7 +253,7 @@ class RelayTransport:
         if len(frames) != 2:
             raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on handshake socket")
         identity, payload = frames
-        link = self._by_identity.get(identity)
+        link = self._link(identity)
         if link is None:
             raise ProtocolError("unknown_identity", f"handshake from identity {identity.hex()}")
         message = decode_handshake_message(payload)
@@ -425,7 +266,7 @@ class RelayTransport:
                 "unexpected_status", f"engine {link.engine_index} sent status {message.status!r}"
             )
 
-    def _drop_upstream(self, link: _Link, linger_ms: int = 0) -> None:
+    def _drop_upstream(self, link: RelayLink, linger_ms: int = 0) -> None:
         task, link.upstream_task = link.upstream_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -433,7 +274,7 @@ class RelayTransport:
         if sock is not None:
             sock.close(linger=linger_ms)
 
-    async def _relay_hello(self, link: _Link, payload: bytes) -> None:
+    async def _relay_hello(self, link: RelayLink, payload: bytes) -> None:
         if link.phase in (Phase.HELLO_SENT, Phase.INIT_SENT):
             # A new HELLO means a new engine process (a real engine sends exactly one); the old
             # handshake is abandoned. Linger 0 drops a HELLO still queued for the front end.
@@ -456,7 +297,7 @@ class RelayTransport:
         upstream.setsockopt(zmq.LINGER, self.config.upstream_linger_ms)
         upstream.setsockopt(zmq.RCVHWM, 0)
         upstream.setsockopt(zmq.SNDHWM, 0)
-        upstream.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        upstream.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
         # Connect-side queueing: HELLO waits in the pipe until the front end listens.
         upstream.connect(self.config.upstream_handshake_address)
         link.upstream = upstream
@@ -468,7 +309,7 @@ class RelayTransport:
         )
         log.info("engine %d: HELLO relayed to the front end", link.engine_index)
 
-    async def _upstream_loop(self, link: _Link, sock: zmq.asyncio.Socket, attempt: int) -> None:
+    async def _upstream_loop(self, link: RelayLink, sock: zmq.asyncio.Socket, attempt: int) -> None:
         try:
             if not await sock.poll(self.config.upstream_timeout_s * 1000):
                 if link.attempt == attempt and link.phase is Phase.HELLO_SENT:
@@ -499,7 +340,7 @@ class RelayTransport:
             if not self._closed:
                 log.warning("engine %d: upstream socket error: %s", link.engine_index, exc)
 
-    def _forward_init(self, link: _Link, frames: list[bytes]) -> None:
+    def _forward_init(self, link: RelayLink, frames: list[bytes]) -> None:
         assert self._handshake is not None
         forwarded = frames
         if len(frames) == 1:
@@ -528,7 +369,7 @@ class RelayTransport:
         self._set_phase(link, Phase.INIT_SENT)
         log.info("engine %d: INIT relayed (exporter client_index %s)", link.engine_index, link.slot)
 
-    async def _relay_ready(self, link: _Link, payload: bytes) -> None:
+    async def _relay_ready(self, link: RelayLink, payload: bytes) -> None:
         if link.phase is not Phase.INIT_SENT or link.ready or link.upstream is None:
             raise ProtocolError(
                 "unexpected_ready", f"engine {link.engine_index} sent READY out of order"
@@ -545,73 +386,6 @@ class RelayTransport:
             self._set_phase(link, Phase.UP)
         log.info("engine %d: READY relayed", link.engine_index)
         self._maybe_up(link)
-
-    # -- receive loops ---------------------------------------------------------------------
-
-    async def _input_loop(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                self._on_input_frames(frames)
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"input socket: {exc}")
-
-    def _on_input_frames(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on input socket")
-        identity, payload = frames
-        link = self._by_identity.get(identity)
-        if link is None:
-            raise ProtocolError(
-                "unknown_identity", f"registration from unexpected identity {identity.hex()}"
-            )
-        if link.phase is not Phase.INIT_SENT or link.registered or link.slot is None:
-            raise ProtocolError(
-                "unexpected_registration",
-                f"engine {link.engine_index} registered outside its handshake",
-            )
-        link.registered = True
-        try:
-            link.registration = decode_registration(payload)
-        except ProtocolError as exc:
-            link.registration = RegistrationInfo()
-            self._errors.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
-        self._maybe_up(link)
-
-    def _maybe_up(self, link: _Link) -> None:
-        if link.phase is Phase.INIT_SENT and link.ready and link.registered:
-            self._set_phase(link, Phase.UP)
-            log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
-
-    async def _output_loop(self, link: _Link, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart()
-            if frames[0] == ENGINE_CORE_DEAD:
-                log.warning("engine %d sent ENGINE_CORE_DEAD", link.engine_index)
-                self._set_phase(link, Phase.DEAD)
-                self._write_state()
-                self._listener.on_engine_down(link.engine_index, "dead")
-                continue
-            if len(frames) > 1:
-                self._errors.record(
-                    "extra_frames", f"engine {link.engine_index}: {len(frames)} output frames"
-                )
-            try:
-                output = decode_engine_outputs(frames[0])
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"engine {link.engine_index} output: {exc}")
-                continue
-            if output.engine_index != link.engine_index:
-                self._errors.record(
-                    "wrong_engine_index",
-                    f"output socket of engine {link.engine_index} carried engine_index "
-                    f"{output.engine_index}",
-                )
-                continue
-            if link.phase is Phase.RESTORED:
-                self._set_phase(link, Phase.UP)
-                log.info("engine %d answers again after the exporter restart", link.engine_index)
-            self._listener.on_output(link.engine_index, output)
 
 
 def relay_config(config: ServeConfig) -> RelayConfig:

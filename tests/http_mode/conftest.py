@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +18,6 @@ from exporter.server import ADMIN_URL_KEY, EXPORTER_KEY, create_app
 from exporter.sim.api_server import SimApiServer, sim_of, start_api_server
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from exporter.ports import free_port
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.transport.http import DEV_MODE_OFF
 
-from .conftest import HOST, RunningExporter, StartApi, StartExporter, free_port, http_config
+from .conftest import HOST, RunningExporter, StartApi, StartExporter, http_config
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

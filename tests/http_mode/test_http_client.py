@@ -16,6 +16,7 @@ from exporter.aggregate import (
     aggregate_consensus,
 )
 from exporter.error import ConfigError, MethodNotAllowed
+from exporter.ports import free_port
 from exporter.sim.engine import SimOptions
 from exporter.transport.http import (
     DEV_MODE_OFF,
@@ -29,7 +30,7 @@ from exporter.transport.http import (
     read_targets_file,
 )
 
-from .conftest import HOST, StartApi, free_port, http_config
+from .conftest import HOST, StartApi, http_config
 
 
 @pytest.fixture

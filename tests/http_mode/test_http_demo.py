@@ -7,9 +7,10 @@ import time
 
 import aiohttp
 
+from exporter.ports import free_port
 from exporter.sim.http_demo import node_sizes, run_http_demo
 
-from .conftest import HOST, free_port
+from .conftest import HOST
 
 
 def test_node_sizes() -> None:

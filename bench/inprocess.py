@@ -1,0 +1,262 @@
+"""In-process measurements against live engine processes: aggregated-call latency (exporter
+client vs the floor, interleaved), poller CPU per poll, /metrics render time, and profiles.
+
+The exporter side is the real ``Exporter`` (``EngineCoreClient`` + ``OwnerTransport``, poller,
+collector, registry) in this process; the engines run in separate sim-engine processes. The
+floor gets its own, separate engine processes of the same shape, so neither side ever shares an
+engine with the other; the two sides run in alternating batches to spread machine noise evenly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.exposition import generate_latest
+
+from bench.floor import FloorClient, consensus
+from bench.procs import engine_fleet, free_address
+from bench.profiling import Profile, profile_async, profile_sync
+from exporter.aggregate import FleetState, aggregate_consensus
+from exporter.client import EngineCoreClient
+from exporter.config import resolve_config
+from exporter.runtime import Exporter
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+@dataclass
+class LatencyResult:
+    n: int
+    calls: int
+    exporter_p50: float
+    exporter_p99: float
+    floor_p50: float
+    floor_p99: float
+    exporter_cpu_per_call: float
+    floor_cpu_per_call: float
+
+    @property
+    def ratio_p50(self) -> float:
+        return self.exporter_p50 / self.floor_p50
+
+    @property
+    def ratio_p99(self) -> float:
+        return self.exporter_p99 / self.floor_p99
+
+
+@dataclass
+class ScrapeResult:
+    n: int
+    iterations: int
+    render_p50: float
+    render_mean: float
+    body_bytes: int
+    gzip_bytes: int
+    series: int
+
+
+@dataclass
+class PollCpuResult:
+    n: int
+    polls: int
+    cpu_per_poll: float
+    cpu_per_poll_engine: float
+    wall_per_poll: float
+
+
+@dataclass
+class SizeResult:
+    n: int
+    processes: int
+    latency: LatencyResult
+    poll_cpu: PollCpuResult | None = None
+    scrape: ScrapeResult | None = None
+    profiles: list[Profile] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    latency_calls: Callable[[int], int]
+    warmup: int = 20
+    rounds: int = 6
+    poll_count: Callable[[int], int] = lambda n: 200 if n <= 64 else 50
+    scrape_iterations: Callable[[int], int] = lambda n: 500 if n <= 64 else 200
+    scrape_sizes: frozenset[int] = frozenset({8, 64, 256})
+    profile_size: int | None = 64
+    connect_timeout_s: float = 120.0
+    call_timeout_s: float = 10.0
+
+
+def make_exporter(handshake_address: str, n: int, call_timeout_s: float) -> Exporter:
+    config = resolve_config(
+        None,
+        environ={},
+        attach="owner",
+        engine_count=n,
+        handshake_address=handshake_address,
+        listen="127.0.0.1:0",
+        admin_listen="off",
+        poll_interval=3600.0,
+        call_timeout=call_timeout_s,
+        reset_min_interval=0,
+    )
+    return Exporter(config)
+
+
+async def aggregated_call(client: EngineCoreClient, timeout_s: float) -> Any:
+    outcomes = await client.call_utility("is_sleeping", timeout_s=timeout_s)
+    verdict = aggregate_consensus("is_sleeping", outcomes)
+    if verdict.state is not FleetState.CONSISTENT:
+        raise RuntimeError(f"exporter: fleet not consistent: {verdict}")
+    return verdict.value
+
+
+async def measure_size(n: int, processes: int, plan: Plan, log_dir: Path) -> SizeResult:
+    """Everything in-process for one fleet size."""
+    exp_address, floor_address = free_address(), free_address()
+    with (
+        engine_fleet(exp_address, n, log_dir, processes=processes),
+        engine_fleet(floor_address, n, log_dir, processes=processes, start=0),
+    ):
+        exporter = make_exporter(exp_address, n, plan.call_timeout_s)
+        client = exporter.client
+        assert isinstance(client, EngineCoreClient)
+        await client.start()
+        floor: FloorClient | None = None
+        try:
+            transport = client.transport
+            await transport.wait_connected(plan.connect_timeout_s)  # type: ignore[attr-defined]
+            floor = FloorClient(floor_address, n)
+            floor.connect(plan.connect_timeout_s)
+            result = SizeResult(n, processes, await _latency(client, floor, n, plan))
+            if n in plan.scrape_sizes:
+                result.poll_cpu = await _poll_cpu(exporter, n, plan.poll_count(n))
+                result.scrape = _scrape(exporter, n, plan.scrape_iterations(n))
+            if plan.profile_size == n:
+                result.profiles = await _profiles(exporter, client, floor, n, plan)
+            return result
+        finally:
+            if floor is not None:
+                floor.close()
+            await client.close()
+
+
+async def _latency(
+    client: EngineCoreClient, floor: FloorClient, n: int, plan: Plan
+) -> LatencyResult:
+    timeout = plan.call_timeout_s
+    for _ in range(plan.warmup):
+        await aggregated_call(client, timeout)
+        consensus(floor.call("is_sleeping", timeout))
+    total = plan.latency_calls(n)
+    per_round = max(1, total // plan.rounds)
+    exp: list[float] = []
+    flo: list[float] = []
+    exp_cpu = flo_cpu = 0.0
+    perf, cpu = time.perf_counter, time.process_time
+    for r in range(plan.rounds):
+        order = ("exporter", "floor") if r % 2 == 0 else ("floor", "exporter")
+        for side in order:
+            c0 = cpu()
+            if side == "exporter":
+                for _ in range(per_round):
+                    t0 = perf()
+                    await aggregated_call(client, timeout)
+                    exp.append(perf() - t0)
+                exp_cpu += cpu() - c0
+            else:
+                for _ in range(per_round):
+                    t0 = perf()
+                    consensus(floor.call("is_sleeping", timeout))
+                    flo.append(perf() - t0)
+                flo_cpu += cpu() - c0
+    return LatencyResult(
+        n=n,
+        calls=len(exp),
+        exporter_p50=percentile(exp, 50),
+        exporter_p99=percentile(exp, 99),
+        floor_p50=percentile(flo, 50),
+        floor_p99=percentile(flo, 99),
+        exporter_cpu_per_call=exp_cpu / len(exp),
+        floor_cpu_per_call=flo_cpu / len(flo),
+    )
+
+
+async def _poll_cpu(exporter: Exporter, n: int, polls: int) -> PollCpuResult:
+    poller = exporter.poller
+    for _ in range(5):
+        await poller.poll_once()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(polls):
+        snap = await poller.poll_once()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    if snap.sleeping.state is not FleetState.CONSISTENT:
+        raise RuntimeError(f"poll not consistent at n={n}: {snap.sleeping}")
+    return PollCpuResult(n, polls, cpu / polls, cpu / polls / n, wall / polls)
+
+
+def _scrape(exporter: Exporter, n: int, iterations: int) -> ScrapeResult:
+    """``generate_latest`` (collector + text encoder) on the snapshot of a real poll."""
+    registry = exporter.registry
+    body = generate_latest(registry)
+    for _ in range(10):
+        generate_latest(registry)
+    samples = []
+    perf = time.perf_counter
+    for _ in range(iterations):
+        t0 = perf()
+        generate_latest(registry)
+        samples.append(perf() - t0)
+    series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    return ScrapeResult(
+        n=n,
+        iterations=iterations,
+        render_p50=statistics.median(samples),
+        render_mean=statistics.fmean(samples),
+        body_bytes=len(body),
+        gzip_bytes=len(gzip.compress(body, compresslevel=5)),
+        series=series,
+    )
+
+
+async def _profiles(
+    exporter: Exporter, client: EngineCoreClient, floor: FloorClient, n: int, plan: Plan
+) -> list[Profile]:
+    calls = max(100, plan.latency_calls(n))
+    timeout = plan.call_timeout_s
+
+    async def exporter_calls() -> None:
+        for _ in range(calls):
+            await aggregated_call(client, timeout)
+
+    def floor_calls() -> None:
+        for _ in range(calls):
+            consensus(floor.call("is_sleeping", timeout))
+
+    registry = exporter.registry
+    iterations = plan.scrape_iterations(n)
+
+    def scrapes() -> None:
+        for _ in range(iterations):
+            generate_latest(registry)
+
+    out = [
+        await profile_async(
+            f"aggregated is_sleeping, exporter client, N={n}", calls, exporter_calls
+        ),
+        profile_sync(f"aggregated is_sleeping, floor, N={n}", calls, floor_calls),
+        profile_sync(f"/metrics render (generate_latest), N={n}", iterations, scrapes),
+    ]
+    return out

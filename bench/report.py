@@ -1,0 +1,479 @@
+"""Machine description and the Markdown report (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from bench.inprocess import SizeResult
+from bench.profiling import Profile
+from bench.service import AdminResult, FlapResult, RssResult, ServeCpuResult
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git_revision() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "exporter"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        return rev + (" (exporter/ has uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_lines() -> list[str]:
+    import zmq
+
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        f"- CPU: {cpu_model()}, {os.cpu_count()} logical cores",
+        f"- Kernel: {platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()} ({sys.implementation.name})",
+        f"- pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgspec {_version('msgspec')}, "
+        f"prometheus-client {_version('prometheus-client')}, aiohttp {_version('aiohttp')}, "
+        f"pyinstrument {_version('pyinstrument')}",
+        f"- git revision: {_git_revision()}",
+        f"- load average at start (1/5/15 min): {load}",
+    ]
+
+
+@dataclass
+class Report:
+    command: str
+    quick: bool
+    machine: list[str]
+    sizes: list[SizeResult] = field(default_factory=list)
+    serve_cpu: ServeCpuResult | None = None
+    admin: AdminResult | None = None
+    rss: list[RssResult] = field(default_factory=list)
+    flap: FlapResult | None = None
+    errors: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    load_end: str = ""
+    baseline: dict[str, float] | None = None
+    baseline_source: str = ""
+
+
+MARKER = "<!-- bench-results: "
+
+
+def key_metrics(report: Report) -> dict[str, float]:
+    """The headline numbers, embedded in the report so that a later run can compare."""
+    m: dict[str, float] = {}
+    for s in report.sizes:
+        r = s.latency
+        m[f"N={s.n} exporter is_sleeping p50 (ms)"] = r.exporter_p50 * 1e3
+        m[f"N={s.n} exporter is_sleeping p99 (ms)"] = r.exporter_p99 * 1e3
+        m[f"N={s.n} floor is_sleeping p50 (ms)"] = r.floor_p50 * 1e3
+        m[f"N={s.n} exporter/floor p50 ratio"] = r.ratio_p50
+        m[f"N={s.n} exporter CPU per call (µs)"] = r.exporter_cpu_per_call * 1e6
+        if s.scrape is not None:
+            m[f"N={s.n} /metrics render p50 (ms)"] = s.scrape.render_p50 * 1e3
+            m[f"N={s.n} /metrics body (bytes)"] = float(s.scrape.body_bytes)
+        if s.poll_cpu is not None:
+            m[f"N={s.n} poll CPU per engine (µs)"] = s.poll_cpu.cpu_per_poll_engine * 1e6
+    if report.serve_cpu is not None:
+        c = report.serve_cpu
+        m[f"N={c.n} serve CPU share at {c.poll_interval:g} s (%)"] = c.share * 100
+    for r in report.rss:
+        m[f"N={r.n} serve RSS (MiB)"] = r.rss_kib / 1024
+    if report.flap is not None and len(report.flap.points) >= 2:
+        pts = report.flap.points
+        m["flapping RSS growth (MiB)"] = (pts[-1][1] - pts[0][1]) / 1024
+    if report.admin is not None:
+        m[f"N={report.admin.n} admin reset p50 (ms)"] = report.admin.p50 * 1e3
+        m[f"N={report.admin.n} admin reset p99 (ms)"] = report.admin.p99 * 1e3
+    return {k: round(v, 4) for k, v in m.items()}
+
+
+def read_baseline(path: Path) -> dict[str, float] | None:
+    """The key metrics embedded in an earlier report (None when there are none)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    start = text.rfind(MARKER)
+    if start < 0:
+        return None
+    end = text.find(" -->", start)
+    try:
+        data = json.loads(text[start + len(MARKER) : end])
+    except ValueError:
+        return None
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} µs"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:.1f} MiB"
+
+
+def _goal(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def render(report: Report) -> str:
+    out: list[str] = ["# Benchmarks", ""]
+    if report.quick:
+        out += ["> **Quick run** (smoke configuration): numbers are not meaningful.", ""]
+    out += [
+        "Generated by `make bench` (`python -m bench.run`): simulated engines "
+        "(`python -m exporter sim-engine`) run in separate processes, one process hosting many "
+        "engines; the exporter side runs in the bench process (tables 1-3) or as a "
+        "`python -m exporter serve` subprocess (tables 3b-5). All sockets are on 127.0.0.1.",
+        "",
+        "## Machine",
+        "",
+        *report.machine,
+        f"- load average at end: {report.load_end}",
+        f"- total bench time: {report.elapsed_s:.0f} s",
+        "",
+        "Other work may share the machine while the bench runs; the exporter and the floor "
+        "are measured in alternating batches against fleets of the same shape, so the ratio is "
+        "more trustworthy than the absolute numbers. The simulated engines are Python/asyncio "
+        "and answer each call in tens of µs per engine; with N engines in one process their "
+        "replies are serialised, which is a large part of the latency at high N for both sides.",
+        "",
+        "## Command",
+        "",
+        "```",
+        report.command,
+        "```",
+        "",
+    ]
+    out += _comparison(report)
+    out += _latency_table(report)
+    out += _scrape_table(report)
+    out += _cpu_tables(report)
+    out += _memory_table(report)
+    out += _admin_table(report)
+    out += _profile_section(report)
+    if report.errors:
+        out += ["## Errors", ""] + [f"- {e}" for e in report.errors] + [""]
+    metrics = json.dumps(key_metrics(report), ensure_ascii=False)
+    out += ["", f"{MARKER}{metrics} -->"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _comparison(report: Report) -> list[str]:
+    if not report.baseline:
+        return []
+    now = key_metrics(report)
+    out = [
+        "## Before / after",
+        "",
+        f"Before: the numbers embedded in `{report.baseline_source}` (an earlier run); after: "
+        "this run. Same machine only if the machine sections match.",
+        "",
+        "| metric | before | after | change |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, after in now.items():
+        before = report.baseline.get(key)
+        if before is None:
+            continue
+        change = f"{(after - before) / before * 100:+.0f} %" if before else "-"
+        out.append(f"| {key} | {before:,.2f} | {after:,.2f} | {change} |")
+    return [*out, ""]
+
+
+def _latency_table(report: Report) -> list[str]:
+    out = [
+        "## 1. Aggregated `is_sleeping` latency",
+        "",
+        "One aggregated call = `EngineCoreClient.call_utility('is_sleeping')` on every engine + "
+        "`aggregate_consensus` (exporter), vs the floor (`bench/floor.py`: blocking pyzmq, one "
+        "ROUTER, one PULL shared by all engines, one request per engine, block until all "
+        "replies). Each side has its own engine processes of the same shape; the sides run in "
+        "alternating batches. CPU/call is the client process's CPU time (all threads) per "
+        "aggregated call.",
+        "",
+        "| N engines | engine procs | calls | exporter p50 | exporter p99 | floor p50 | floor p99 "
+        "| ratio p50 | ratio p99 | exporter CPU/call | floor CPU/call |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in report.sizes:
+        r = s.latency
+        out.append(
+            f"| {r.n} | {s.processes} | {r.calls} | {_ms(r.exporter_p50)} | {_ms(r.exporter_p99)} "
+            f"| {_ms(r.floor_p50)} | {_ms(r.floor_p99)} | {r.ratio_p50:.2f}x | {r.ratio_p99:.2f}x "
+            f"| {_us(r.exporter_cpu_per_call)} | {_us(r.floor_cpu_per_call)} |"
+        )
+    at64 = next((s.latency for s in report.sizes if s.n == 64), None)
+    if at64 is not None:
+        out += [
+            "",
+            f"Goal: p50 within 1.3x of the floor at N=64 — {at64.ratio_p50:.2f}x, "
+            f"{_goal(at64.ratio_p50 <= 1.3)}.",
+        ]
+    return [*out, ""]
+
+
+def _scrape_table(report: Report) -> list[str]:
+    rows = [s.scrape for s in report.sizes if s.scrape is not None]
+    out = [
+        "## 2. Scrape: `/metrics` render time and body size",
+        "",
+        "`prometheus_client.exposition.generate_latest(exporter.registry)` (collector + text "
+        "encoder, what the `/metrics` handler does before gzip) in-process, on the snapshot of a "
+        "real poll against N live engines.",
+        "",
+        "| N engines | renders | p50 | mean | per engine (p50) | body | gzip (level 5) | samples |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.n} | {r.iterations} | {_ms(r.render_p50)} | {_ms(r.render_mean)} "
+            f"| {_us(r.render_p50 / r.n)} | {r.body_bytes:,} B | {r.gzip_bytes:,} B "
+            f"| {r.series:,} |"
+        )
+    at64 = next((r for r in rows if r.n == 64), None)
+    if at64 is not None:
+        out += [
+            "",
+            f"Goal: under 5 ms at 64 engines — {_ms(at64.render_p50)}, "
+            f"{_goal(at64.render_p50 < 0.005)}; growth with N is visible in the per-engine column.",
+        ]
+    return [*out, ""]
+
+
+def _cpu_tables(report: Report) -> list[str]:
+    rows = [s.poll_cpu for s in report.sizes if s.poll_cpu is not None]
+    out = [
+        "## 3. Poller CPU",
+        "",
+        "In-process: `time.process_time()` (all threads of the exporter process, including the "
+        "libzmq I/O thread; the engines run in other processes) around back-to-back "
+        "`Poller.poll_once()` calls (one poll = aggregated `is_sleeping` + `is_scheduler_paused`, "
+        "concurrently, plus snapshot and stats).",
+        "",
+        "| N engines | polls | CPU per poll | CPU per poll per engine | wall per poll |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.n} | {r.polls} | {_us(r.cpu_per_poll)} | {_us(r.cpu_per_poll_engine)} "
+            f"| {_ms(r.wall_per_poll)} |"
+        )
+    c = report.serve_cpu
+    if c is not None:
+        out += [
+            "",
+            f"### 3b. CPU share of `serve` at a {c.poll_interval:g} s poll interval, {c.n} engines",
+            "",
+            "utime+stime of the `python -m exporter serve` subprocess from `/proc/<pid>/stat` "
+            "over the window (no scrapes during the window).",
+            "",
+            "| N engines | window | polls | CPU seconds | CPU per poll | share of one core | RSS |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {c.n} | {c.window_s:.1f} s | {c.polls} | {c.cpu_s:.2f} s | {_ms(c.cpu_per_poll)} "
+            f"| {c.share * 100:.2f} % | {_mib(c.rss_kib)} |",
+            "",
+            f"Goal: under 1 % of one core — {c.share * 100:.2f} %, {_goal(c.share < 0.01)}. "
+            "(`/proc` CPU times have a 10 ms tick; the window is long enough for this to be "
+            "a small error.)",
+        ]
+    return [*out, ""]
+
+
+def _memory_table(report: Report) -> list[str]:
+    out = ["## 4. Memory", ""]
+    if report.rss:
+        out += [
+            "VmRSS of the `serve` subprocess after a few polls:",
+            "",
+            "| N engines | polls | RSS |",
+            "|---:|---:|---:|",
+        ]
+        out += [f"| {r.n} | {r.polls} | {_mib(r.rss_kib)} |" for r in report.rss]
+        out.append("")
+    f = report.flap
+    if f is not None:
+        out += [
+            f"### Flapping engine: RSS vs polls ({f.n} engines, "
+            f"poll interval {f.poll_interval:g} s)",
+            "",
+            f"Engine {f.n - 1} runs in its own process that alternately sends "
+            "`ENGINE_CORE_DEAD` after 200 calls and exits, or is SIGKILLed after 1.5 s; it is "
+            f"restarted at once. {f.flaps} restarts, {f.handshakes} handshakes seen by the "
+            f"exporter, {f.disconnected_calls:.0f} disconnected and "
+            f"{f.timeout_calls:.0f} timed-out "
+            f"calls, {f.elapsed_s:.0f} s.",
+            "",
+            "| polls | RSS | vs first |",
+            "|---:|---:|---:|",
+        ]
+        first = f.points[0][1] if f.points else 0
+        for polls, rss in f.points:
+            out.append(f"| {polls:,} | {_mib(rss)} | {(rss - first) / 1024:+.1f} MiB |")
+        if len(f.points) >= 2:
+            growth = (f.points[-1][1] - first) / 1024
+            out += [
+                "",
+                f"Goal: flat — {growth:+.1f} MiB from {f.points[0][0]:,} to {f.points[-1][0]:,} "
+                f"polls, {_goal(abs(growth) < 2.0)} (threshold: ±2 MiB).",
+            ]
+    return [*out, ""]
+
+
+def _admin_table(report: Report) -> list[str]:
+    a = report.admin
+    if a is None:
+        return []
+    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(a.statuses.items()))
+    return [
+        "## 5. Admin reset end-to-end latency",
+        "",
+        "`POST /admin/reset_prefix_cache` over real HTTP (keep-alive connection, "
+        "`--reset-min-interval 0`) to the `serve` subprocess of table 3b while it polls every "
+        "1 s; the request returns after every engine answered.",
+        "",
+        "| N engines | requests | p50 | p99 | statuses |",
+        "|---:|---:|---:|---:|---|",
+        f"| {a.n} | {a.calls} | {_ms(a.p50)} | {_ms(a.p99)} | {statuses} |",
+        "",
+    ]
+
+
+def _profile_section(report: Report) -> list[str]:
+    profiles: list[Profile] = [p for s in report.sizes for p in s.profiles]
+    if not profiles:
+        return []
+    out = [
+        "## Profile",
+        "",
+        "Each workload runs twice: under pyinstrument (sampling every 0.2 ms, asyncio loop "
+        "included, so the time the loop spends waiting in `epoll` is reported as idle) and "
+        "under cProfile (deterministic call counts; its overhead inflates small functions, so "
+        "use it for *calls per operation*, not for time). Shares are of the busy (non-idle) "
+        "sampled time. Both profilers slow call-heavy code down several times (compare the wall "
+        "time per operation below with tables 1 and 2), so read shares, not absolute times.",
+        "",
+    ]
+    out += _findings(report, profiles)
+    for p in profiles:
+        out += [
+            f"### {p.title}",
+            "",
+            f"{p.operations} operations, {_us(p.wall_per_op)} wall per operation under the "
+            f"sampler; idle (waiting in epoll/poll) {p.idle_share * 100:.0f} % of sampled time; "
+            f"{p.calls_per_op:,.0f} Python/C function calls per operation (cProfile).",
+            "",
+        ]
+        if p.categories:
+            out += ["| busy time by owner | share |", "|---|---:|"]
+            out += [f"| {k} | {v * 100:.1f} % |" for k, v in p.categories.items() if v >= 0.005]
+            out.append("")
+        if p.top_self:
+            out += [
+                "| top self time (pyinstrument) | where | per op | share |",
+                "|---|---|---:|---:|",
+            ]
+            out += [
+                f"| `{r.function}` | {r.where} | {_us(r.value)} | {r.share * 100:.1f} % |"
+                for r in p.top_self
+            ]
+            out.append("")
+        if p.top_calls:
+            out += [
+                "| top tottime (cProfile) | where | calls per op | per op | share |",
+                "|---|---|---:|---:|---:|",
+            ]
+            out += [
+                f"| `{r.function}` | {r.where} | {r.calls:,.1f} | {_us(r.value)} "
+                f"| {r.share * 100:.1f} % |"
+                for r in p.top_calls
+            ]
+            out.append("")
+    return out
+
+
+def _findings(report: Report, profiles: list[Profile]) -> list[str]:
+    out = ["### Findings", ""]
+    for s in report.sizes:
+        if not s.profiles:
+            continue
+        lat = s.latency
+        out.append(
+            f"- **Client CPU per aggregated call at N={s.n}:** exporter "
+            f"{_us(lat.exporter_cpu_per_call)} vs floor {_us(lat.floor_cpu_per_call)} "
+            f"({lat.exporter_cpu_per_call / max(lat.floor_cpu_per_call, 1e-9):.1f}x), i.e. "
+            f"{_us(lat.exporter_cpu_per_call / s.n)} vs {_us(lat.floor_cpu_per_call / s.n)} per "
+            f"engine; p50 latency ratio {lat.ratio_p50:.2f}x."
+        )
+        exp, flo, scr = [*s.profiles, None, None, None][:3]
+        if exp is not None and exp.categories:
+            parts = ", ".join(f"{k} {v * 100:.0f} %" for k, v in list(exp.categories.items())[:5])
+            out.append(
+                f"- **Where the exporter's busy time goes (N={s.n}):** {parts}. "
+                f"{exp.calls_per_op:,.0f} function calls per aggregated call "
+                f"({exp.calls_per_op / s.n:,.0f} per engine) vs "
+                f"{(flo.calls_per_op if flo else 0):,.0f} for the floor."
+            )
+            if exp.top_self:
+                top = ", ".join(f"`{r.function}` {r.share * 100:.0f} %" for r in exp.top_self[:5])
+                out.append(f"- **Top self time, exporter call (N={s.n}):** {top}.")
+        if scr is not None and scr.top_self:
+            top = ", ".join(f"`{r.function}` {r.share * 100:.0f} %" for r in scr.top_self[:5])
+            cats = ", ".join(f"{k} {v * 100:.0f} %" for k, v in list(scr.categories.items())[:3])
+            out.append(
+                f"- **Scrape (N={s.n}):** {_us(scr.wall_per_op)} per render under the sampler; "
+                f"{scr.calls_per_op:,.0f} function calls per render "
+                f"({scr.calls_per_op / s.n:,.0f} per engine); {cats}; top: {top}."
+            )
+    out += [
+        "- **Reading the rows.** The `enum.py` rows (`__call__`, `__new__`, `__and__`, `__or__`) "
+        "are pyzmq's `IntFlag` handling, not exporter code: zmq.asyncio reads "
+        "`socket.get(zmq.EVENTS)` (wrapped in an `IntFlag`) several times per receive and ORs "
+        "`DONTWAIT` into every send, and `send_multipart` ORs `SNDMORE` per frame. "
+        "`zmq/_future.py` is the zmq.asyncio layer: per reply a Future, `_add_recv_event`, "
+        "`_handle_events` and a rescheduling of remaining events on that engine's own PULL "
+        "socket (one `_output_loop` task per engine), and per request a Future from "
+        "`_add_send_event` although the send never blocks. The floor has none of these.",
+        "- **Scrape rows.** The per-sample cost is prometheus_client's generic path: "
+        "`MetricFamily.add_metric` builds a `Sample` with a label dict, then `generate_latest` "
+        "validates and escapes every metric and label name of every sample (regex "
+        "`Pattern.match`, `_is_valid_legacy_*`, `escape_*`) and formats values with "
+        "`floatToGoString`; the exporter's collector itself is the smaller part.",
+    ]
+    return [*out, ""]

@@ -1,0 +1,52 @@
+"""Picking free loopback ports for demos, tests and benchmarks."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free right now (from the ephemeral range)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_listen_port(host: str = "127.0.0.1") -> int:
+    """A free port *outside* the ephemeral range, for addresses that are dialled before anything
+    binds them (a handshake address): ZMQ reconnecting to an unbound ephemeral loopback port can
+    connect to itself (TCP simultaneous open) and then hold the port, so the late bind fails."""
+    low, high = _ephemeral_range()
+    for _ in range(500):
+        port = random.randrange(10000, 65535)
+        if not low <= port <= high and _bindable(host, port):
+            return port
+    return free_port(host)
+
+
+def free_port_range(count: int, host: str = "127.0.0.1") -> int:
+    """A base port such that base .. base+count-1 are all free right now (for fixed ports)."""
+    for _ in range(200):
+        base = free_listen_port(host)
+        if base + count <= 65535 and all(_bindable(host, base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports found")

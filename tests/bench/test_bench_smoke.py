@@ -1,0 +1,80 @@
+"""Smoke test of ``python -m bench.run``: a tiny configuration starts, runs and writes every
+table. Never a timing assertion: the numbers of a quick run on a shared machine mean nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.inprocess import percentile
+from bench.procs import metric_value, split_counts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_split_counts_spreads_engines_evenly() -> None:
+    assert split_counts(256, 4) == [64, 64, 64, 64]
+    assert split_counts(5, 2) == [3, 2]
+    assert split_counts(1, 4) == [1]
+
+
+def test_percentile_nearest_rank() -> None:
+    samples = [float(i) for i in range(1, 101)]
+    assert percentile(samples, 50) == 50.0
+    assert percentile(samples, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_metric_value_reads_unlabelled_samples() -> None:
+    text = '# HELP x y\nvllm_dp_polls_total 12.0\nvllm_dp_up{engine="0"} 1.0\n'
+    assert metric_value(text, "vllm_dp_polls_total") == 12.0
+    assert metric_value(text, "missing") is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--quick",
+            "--sizes",
+            "1,2",
+            "--out",
+            str(out),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = out.read_text()
+    for heading in (
+        "## Machine",
+        "## Command",
+        "## 1. Aggregated `is_sleeping` latency",
+        "## 2. Scrape",
+        "## 3. Poller CPU",
+        "### 3b. CPU share",
+        "## 4. Memory",
+        "### Flapping engine",
+        "## 5. Admin reset end-to-end latency",
+        "## Profile",
+    ):
+        assert heading in text, heading
+    assert "Quick run" in text
+    assert "## Errors" not in text
+    latency = text.split("## 1.", 1)[1].split("## 2.", 1)[0]
+    for n in (1, 2):
+        assert f"\n| {n} | 1 | " in latency, f"no latency row for N={n}"
+    assert "python -m bench.run --quick" in text.replace(Path(sys.executable).name, "python")
