@@ -48,6 +48,16 @@ class ServeConfig:
     shutdown_grace: float = 3.0
     admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
 
+    def fleet_shape(self) -> dict[str, Any]:
+        """The keyword arguments of ``FleetShape`` (owner and relay mode)."""
+        return {
+            "engine_count": self.engine_count,
+            "start_rank": self.start_rank,
+            "advertise_host": self.advertise_host,
+            "bind_host": self.bind_host,
+            "fixed_base_port": self.fixed_base_port,
+        }
+
     @property
     def listen_host_port(self) -> tuple[str, int]:
         return parse_host_port(self.listen, "listen")

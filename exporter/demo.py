@@ -16,7 +16,7 @@ import sys
 
 import aiohttp
 
-from exporter.config import resolve_config
+from exporter.config import ServeConfig, resolve_config
 from exporter.ports import free_listen_port
 
 log = logging.getLogger("exporter.demo")
@@ -98,10 +98,6 @@ async def reset_loop(admin_url: str, every_s: float) -> None:
 
 
 async def run_demo_async(args: argparse.Namespace) -> int:
-    # Imported here: `cli` imports this module to build its parser, and `ctl` should not pay
-    # for loading the whole server stack at start-up.
-    from exporter.service import serve
-
     handshake = args.handshake_address or f"tcp://127.0.0.1:{free_listen_port()}"
     config = resolve_config(
         None,
@@ -116,26 +112,45 @@ async def run_demo_async(args: argparse.Namespace) -> int:
         model_name=args.model_name,
     )
     procs = spawn_engines(handshake, args.engines, args.story_period)
+    headline = [f"vllm-dp-exporter demo: {args.engines} simulated engines on {handshake}"]
+    try:
+        await serve_demo(config, headline, args.reset_every)
+    finally:
+        await asyncio.to_thread(stop_processes, procs)
+    return 0
+
+
+async def serve_demo(
+    config: ServeConfig,
+    headline: list[str],
+    reset_every: float,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Print where to look, run the demo's reset loop, serve until stopped (every attach mode)."""
+    from exporter.service import serve
+
     host, port = config.listen_host_port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    print(f"vllm-dp-exporter demo: {args.engines} simulated engines on {handshake}", flush=True)
-    print(f"  dashboard page  http://{shown}:{port}/", flush=True)
-    print(f"  metrics         http://{shown}:{port}/metrics", flush=True)
-    print(f"  status (JSON)   http://{shown}:{port}/status", flush=True)
+    lines = [
+        *headline,
+        f"  dashboard page  http://{shown}:{port}/",
+        f"  metrics         http://{shown}:{port}/metrics",
+        f"  status (JSON)   http://{shown}:{port}/status",
+    ]
     tasks = []
     admin = config.admin_host_port
     if admin is not None:
         admin_url = f"http://{admin[0]}:{admin[1]}"
-        print(f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True)
-        tasks.append(asyncio.create_task(reset_loop(admin_url, args.reset_every)))
+        lines.append(f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache")
+        if reset_every > 0:
+            tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
+    print("\n".join(lines), flush=True)
     try:
-        await serve(config)
+        await serve(config, stop)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.to_thread(stop_processes, procs)
-    return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:

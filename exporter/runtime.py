@@ -44,14 +44,7 @@ def make_client(config: ServeConfig, errors: ProtocolErrorTally, stats: Stats) -
 
 
 def owner_config(config: ServeConfig) -> OwnerConfig:
-    return OwnerConfig(
-        handshake_address=config.handshake_address,
-        engine_count=config.engine_count,
-        start_rank=config.start_rank,
-        advertise_host=config.advertise_host,
-        bind_host=config.bind_host,
-        fixed_base_port=config.fixed_base_port,
-    )
+    return OwnerConfig(handshake_address=config.handshake_address, **config.fleet_shape())
 
 
 class Exporter:

@@ -41,13 +41,13 @@ class _CountingOwnerTransport(OwnerTransport):
         #: (engine identity, status) → raw payloads, in arrival order.
         self.payloads: dict[tuple[bytes, str], list[bytes]] = {}
 
-    def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+    async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         if len(frames) == 2:
             with contextlib.suppress(ProtocolError):
                 status = decode_handshake_message(frames[1]).status
                 self.received[(frames[0], status)] += 1
                 self.payloads.setdefault((frames[0], status), []).append(frames[1])
-        super()._on_handshake_frames(sock, frames)
+        await super()._on_handshake_frames(sock, frames)
 
 
 @dataclass

@@ -16,8 +16,7 @@ import logging
 from aiohttp import web
 
 from exporter.config import resolve_config
-from exporter.demo import reset_loop
-from exporter.service import serve
+from exporter.demo import serve_demo
 from exporter.sim.api_server import ApiServerOptions, start_api_server
 
 log = logging.getLogger("exporter.demo")
@@ -79,7 +78,6 @@ async def run_http_demo(
     if engines < 1:
         raise ValueError("engines must be at least 1")
     runners, targets = await start_nodes(engines, story_period)
-    tasks: list[asyncio.Task[None]] = []
     try:
         config = resolve_config(
             None,
@@ -92,30 +90,12 @@ async def run_http_demo(
             reset_min_interval=0.0,
             model_name=model_name,
         )
-        host, port = config.listen_host_port
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        print(
+        headline = [
             f"vllm-dp-exporter demo (attach http): {engines} simulated engines behind "
             f"{len(targets)} simulated vLLM API servers",
-            flush=True,
-        )
-        for target in targets:
-            print(f"  API server      {target}", flush=True)
-        print(f"  dashboard page  http://{shown}:{port}/", flush=True)
-        print(f"  metrics         http://{shown}:{port}/metrics", flush=True)
-        print(f"  status (JSON)   http://{shown}:{port}/status", flush=True)
-        admin = config.admin_host_port
-        if admin is not None:
-            admin_url = f"http://{admin[0]}:{admin[1]}"
-            print(
-                f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True
-            )
-            if reset_every > 0:
-                tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
-        await serve(config, stop)
+            *(f"  API server      {target}" for target in targets),
+        ]
+        await serve_demo(config, headline, reset_every, stop)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await stop_nodes(runners)
     return 0

@@ -14,9 +14,8 @@ import contextlib
 import logging
 
 from exporter.config import resolve_config
-from exporter.demo import reset_loop, spawn_engines, stop_processes
+from exporter.demo import serve_demo, spawn_engines, stop_processes
 from exporter.ports import free_listen_port
-from exporter.service import serve
 from exporter.sim.frontend import SimFrontend
 
 log = logging.getLogger("exporter.demo")
@@ -70,33 +69,18 @@ async def run_relay_demo(
         frontend_address, engines, call_period_s=1.0, call_timeout_s=call_timeout
     )
     await frontend.start()
-    tasks: list[asyncio.Task[None]] = [asyncio.create_task(_report_frontend(frontend))]
+    reporter = asyncio.create_task(_report_frontend(frontend))
     procs = spawn_engines(relay_address, engines, story_period)
     try:
-        host, port = config.listen_host_port
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        print(
+        headline = [
             f"vllm-dp-exporter demo (attach relay): {engines} simulated engines dial the "
             f"exporter's relay port {relay_address}",
-            flush=True,
-        )
-        print(f"  front end       simulated, handshake at {frontend_address}", flush=True)
-        print(f"  dashboard page  http://{shown}:{port}/", flush=True)
-        print(f"  metrics         http://{shown}:{port}/metrics", flush=True)
-        print(f"  status (JSON)   http://{shown}:{port}/status", flush=True)
-        admin = config.admin_host_port
-        if admin is not None:
-            admin_url = f"http://{admin[0]}:{admin[1]}"
-            print(
-                f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache", flush=True
-            )
-            if reset_every > 0:
-                tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
-        await serve(config, stop)
+            f"  front end       simulated, handshake at {frontend_address}",
+        ]
+        await serve_demo(config, headline, reset_every, stop)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)
         await asyncio.to_thread(stop_processes, procs)
         with contextlib.suppress(Exception):
             await frontend.close()

@@ -136,6 +136,8 @@ class EngineDataPlane:
         self._readers: list[int] = []
         self._input_check_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._handshake: zmq.asyncio.Socket | None = None
+        self._handshake_task: asyncio.Task[None] | None = None
         self.input_address = ""
 
     def _new_link(self, engine_index: int) -> EngineLink:
@@ -225,10 +227,46 @@ class EngineDataPlane:
             await asyncio.to_thread(self._ctx.term)
 
     async def _start_control(self) -> None:
-        """Bind the handshake side (subclasses)."""
+        """Bind the handshake side (subclasses call ``_open_handshake``)."""
 
     async def _close_control(self) -> None:
-        """Stop the handshake side (subclasses)."""
+        """Stop the handshake side."""
+        await self._close_handshake()
+
+    # -- the handshake socket ------------------------------------------------------------------
+
+    def _open_handshake(self, address: str) -> None:
+        """Bind the handshake ROUTER the engines dial, for the life of the process (restarted
+        engines handshake again); ``ROUTER_HANDOVER`` lets a restarted engine's new connection
+        take its identity over."""
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
+        sock.bind(address)
+        self._handshake = sock
+        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake_loop(sock))
+
+    async def _close_handshake(self) -> None:
+        task, self._handshake_task = self._handshake_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._handshake is not None:
+            self._handshake.close(linger=0)
+            self._handshake = None
+
+    async def _handshake_loop(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                await self._on_handshake_frames(sock, frames)
+            except ProtocolError as exc:
+                self._errors.record(exc.kind, f"handshake socket: {exc}")
+
+    async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+        """One message on the handshake ROUTER (subclasses)."""
 
     # -- views -----------------------------------------------------------------------------
 

@@ -8,10 +8,8 @@ again; the data-plane sockets (input ROUTER, one output PULL per engine) are in
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -42,33 +40,10 @@ log = logging.getLogger("exporter.transport")
 
 
 @dataclass
-class OwnerConfig:
+class OwnerConfig(FleetShape):
     """Addresses and fleet shape for owner mode."""
 
-    handshake_address: str
-    engine_count: int
-    start_rank: int = 0
-    advertise_host: str = "127.0.0.1"
-    bind_host: str | None = None
-    #: Fixed ports: input ROUTER at ``fixed_base_port``, engine offset i's PULL at base+1+i.
-    fixed_base_port: int | None = None
-
-    def __post_init__(self) -> None:
-        self.shape  # noqa: B018 - validates the fleet shape
-
-    @property
-    def shape(self) -> FleetShape:
-        return FleetShape(
-            self.engine_count,
-            self.start_rank,
-            self.advertise_host,
-            self.bind_host,
-            self.fixed_base_port,
-        )
-
-    @property
-    def engine_indices(self) -> range:
-        return self.shape.engine_indices
+    handshake_address: str = field(kw_only=True)
 
 
 class OwnerTransport(EngineDataPlane):
@@ -82,10 +57,8 @@ class OwnerTransport(EngineDataPlane):
         *,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        super().__init__(config.shape, listener, errors, context=context)
+        super().__init__(config, listener, errors, context=context)
         self.config = config
-        self._handshake: zmq.asyncio.Socket | None = None
-        self._handshake_task: asyncio.Task[None] | None = None
 
     async def _start_control(self) -> None:
         if self.config.fixed_base_port is not None:
@@ -94,33 +67,9 @@ class OwnerTransport(EngineDataPlane):
             for link in self._links.values():
                 link.slot = 0
                 link.phase = Phase.RESTORED
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
-        sock.bind(self.config.handshake_address)
-        self._handshake = sock
-        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake_loop(sock))
+        self._open_handshake(self.config.handshake_address)
 
-    async def _close_control(self) -> None:
-        if self._handshake_task is not None:
-            self._handshake_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._handshake_task
-            self._handshake_task = None
-        if self._handshake is not None:
-            self._handshake.close(linger=0)
-            self._handshake = None
-
-    async def _handshake_loop(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                self._on_handshake_frames(sock, frames)
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"handshake socket: {exc}")
-
-    def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+    async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         if len(frames) != 2:
             raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on handshake socket")
         identity, payload = frames

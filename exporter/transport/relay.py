@@ -72,40 +72,20 @@ UPSTREAM_LINGER_MS = 5000
 UPSTREAM_TIMEOUT_S = 295.0
 
 
-@dataclass
-class RelayConfig:
+@dataclass(kw_only=True)
+class RelayConfig(FleetShape):
     """Addresses and fleet shape for relay mode."""
 
     handshake_address: str
     upstream_handshake_address: str
-    engine_count: int
-    start_rank: int = 0
-    advertise_host: str = "127.0.0.1"
-    bind_host: str | None = None
-    #: Input ROUTER at ``fixed_base_port``, engine offset i's PULL at base+1+i (restart reattach).
-    fixed_base_port: int | None = None
     state_file: str | None = None
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
     upstream_linger_ms: int = UPSTREAM_LINGER_MS
 
     def __post_init__(self) -> None:
-        self.shape  # noqa: B018 - validates the fleet shape
+        super().__post_init__()
         if self.upstream_linger_ms <= 0:
             raise ValueError("upstream_linger_ms must be positive (linger 0 can drop READY)")
-
-    @property
-    def shape(self) -> FleetShape:
-        return FleetShape(
-            self.engine_count,
-            self.start_rank,
-            self.advertise_host,
-            self.bind_host,
-            self.fixed_base_port,
-        )
-
-    @property
-    def engine_indices(self) -> range:
-        return self.shape.engine_indices
 
 
 @dataclass
@@ -132,11 +112,9 @@ class RelayTransport(EngineDataPlane):
         *,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        super().__init__(config.shape, listener, errors, context=context)
+        super().__init__(config, listener, errors, context=context)
         self.config = config
         self.handshake_results: Counter[str] = handshakes if handshakes is not None else Counter()
-        self._handshake: zmq.asyncio.Socket | None = None
-        self._handshake_task: asyncio.Task[None] | None = None
         self._closed = False
 
     def _new_link(self, engine_index: int) -> RelayLink:
@@ -151,13 +129,7 @@ class RelayTransport(EngineDataPlane):
 
     async def _start_control(self) -> None:
         self._restore_state()
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
-        sock.bind(self.config.handshake_address)
-        self._handshake = sock
-        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake_loop(sock))
+        self._open_handshake(self.config.handshake_address)
         log.info(
             "relay: engines dial %s, front end at %s, exporter input %s",
             self.config.handshake_address,
@@ -168,7 +140,8 @@ class RelayTransport(EngineDataPlane):
     async def _close_control(self) -> None:
         """Stop relaying; an upstream socket still mid-handshake is closed with linger 0."""
         self._closed = True
-        tasks = [self._handshake_task] if self._handshake_task is not None else []
+        await self._close_handshake()
+        tasks = []
         for link in self._links.values():
             assert isinstance(link, RelayLink)
             if link.upstream_task is not None:
@@ -179,13 +152,9 @@ class RelayTransport(EngineDataPlane):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._handshake_task = None
         for link in self._links.values():
             assert isinstance(link, RelayLink)
             self._drop_upstream(link)
-        if self._handshake is not None:
-            self._handshake.close(linger=0)
-            self._handshake = None
 
     # -- views -----------------------------------------------------------------------------
 
@@ -241,15 +210,7 @@ class RelayTransport(EngineDataPlane):
 
     # -- handshake relay -------------------------------------------------------------------
 
-    async def _handshake_loop(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                await self._on_engine_handshake(sock, frames)
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"relay handshake socket: {exc}")
-
-    async def _on_engine_handshake(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+    async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         if len(frames) != 2:
             raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on handshake socket")
         identity, payload = frames
@@ -394,12 +355,8 @@ def relay_config(config: ServeConfig) -> RelayConfig:
     return RelayConfig(
         handshake_address=config.handshake_address,
         upstream_handshake_address=config.upstream_handshake_address,
-        engine_count=config.engine_count,
-        start_rank=config.start_rank,
-        advertise_host=config.advertise_host,
-        bind_host=config.bind_host,
-        fixed_base_port=config.fixed_base_port,
         state_file=config.state_file,
+        **config.fleet_shape(),
     )
 
 

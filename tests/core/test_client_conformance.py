@@ -27,7 +27,7 @@ class Harness:
         self.errors = ProtocolErrorTally()
         self.client = EngineCoreClient(self.errors)
         self.transport = OwnerTransport(
-            OwnerConfig(self.address, count, start_rank=start_rank),
+            OwnerConfig(handshake_address=self.address, engine_count=count, start_rank=start_rank),
             self.client,
             self.errors,
             context=self.ctx,
