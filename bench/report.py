@@ -254,9 +254,11 @@ def _scrape_table(report: Report) -> list[str]:
     out = [
         "## 2. Scrape: `/metrics` render time and body size",
         "",
-        "`prometheus_client.exposition.generate_latest(exporter.registry)` (collector + text "
-        "encoder, what the `/metrics` handler does before gzip) in-process, on the snapshot of a "
-        "real poll against N live engines.",
+        "`exporter.metrics.render_text(exporter.collector)`: the collector plus the text "
+        "encoder, what the `/metrics` handler runs (before gzip) when its per-state cache misses, "
+        "i.e. once per poll; scrapes between two polls reuse that body. Checked byte-identical "
+        "to `prometheus_client.exposition.generate_latest` in the same run. In-process, on the "
+        "snapshot of a real poll against N live engines.",
         "",
         "| N engines | renders | p50 | mean | per engine (p50) | body | gzip (level 5) | samples |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",

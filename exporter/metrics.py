@@ -1,12 +1,18 @@
-"""A prometheus_client custom Collector: every series rendered from one snapshot at scrape time.
+"""What the exporter publishes, computed once per scrape from one snapshot plus the counters.
 
-No module-level metric objects: each app (and each test) builds its own ``CollectorRegistry``
-with one ``ExporterCollector`` reading the latest ``FleetSnapshot`` plus the ``Stats`` counters.
+``build_families`` is the one place that decides every series and value: it returns plain rows
+(label values, value) per catalog family. Two serializers read those rows: ``ExporterCollector``,
+a prometheus_client custom ``Collector`` (each app and test registers it in its own
+``CollectorRegistry``; OpenMetrics goes through it), and ``exporter.exposition.render_text``, a
+lean Prometheus text encoder for the hot ``/metrics`` path, kept byte-identical to
+prometheus_client's ``generate_latest`` by a test.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,38 +24,140 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.aggregate import FleetState
-from exporter.metrics_catalog import BY_NAME, ENGINE_STATES, FLEET_STATES
+from exporter.metrics_catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
 from exporter.snapshot import FleetSnapshot
-from exporter.stats import Stats
+from exporter.stats import Histogram, Stats
 from exporter.transport.events import ProtocolErrorTally
 
+Labels = tuple[str, ...]
 
-class _Families:
-    """Builds families from the catalog, appending the optional ``model_name`` label."""
+
+@dataclass(slots=True)
+class Family:
+    """One catalog family's rows; ``labels`` include ``model_name`` when configured."""
+
+    spec: MetricSpec
+    labels: tuple[str, ...]
+    rows: list[tuple[Labels, float]] = field(default_factory=list)
+    #: Histograms: (label values, cumulative (le, count) pairs ending with +Inf, sum).
+    histograms: list[tuple[Labels, list[tuple[str, float]], float]] = field(default_factory=list)
+
+
+class _Builder:
+    """Appends the optional ``model_name`` label value to every row."""
 
     def __init__(self, model_name: str | None) -> None:
-        self.extra_names: list[str] = ["model_name"] if model_name else []
-        self.extra_values: list[str] = [model_name] if model_name else []
+        self.extra_names: Labels = ("model_name",) if model_name else ()
+        self.extra_values: Labels = (model_name,) if model_name else ()
+        self.families: list[Family] = []
 
-    def _labels(self, name: str) -> list[str]:
-        return [*BY_NAME[name].labels, *self.extra_names]
-
-    def gauge(self, name: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, BY_NAME[name].help, labels=self._labels(name))
-
-    def counter(self, name: str) -> CounterMetricFamily:
+    def family(self, name: str) -> Family:
         spec = BY_NAME[name]
-        return CounterMetricFamily(spec.family, spec.help, labels=self._labels(name))
+        fam = Family(spec, (*spec.labels, *self.extra_names))
+        self.families.append(fam)
+        return fam
 
-    def histogram(self, name: str) -> HistogramMetricFamily:
-        return HistogramMetricFamily(name, BY_NAME[name].help, labels=self._labels(name))
+    def add(self, fam: Family, labels: Labels, value: float) -> None:
+        fam.rows.append(((*labels, *self.extra_values), value))
 
-    def values(self, *labels: str) -> list[str]:
-        return [*labels, *self.extra_values]
+    def counter(self, name: str, rows: Mapping[Any, int]) -> None:
+        """``rows`` maps label-value tuples to counts."""
+        fam = self.family(name)
+        for labels, value in sorted(rows.items()):
+            self.add(fam, labels, float(value))
+
+    def histogram(self, fam: Family, labels: Labels, hist: Histogram) -> None:
+        fam.histograms.append(((*labels, *self.extra_values), hist.cumulative(), hist.total))
+
+
+def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
+    return {(key,): value for key, value in counts.items()}
+
+
+def build_families(
+    snap: FleetSnapshot,
+    stats: Stats,
+    errors: ProtocolErrorTally,
+    *,
+    model_name: str | None = None,
+    include_relay: bool = False,
+) -> list[Family]:
+    """Every series the exporter publishes right now, in exposition order."""
+    b = _Builder(model_name)
+    _engine_rows(b, snap)
+    _fleet_rows(b, snap)
+    _counter_rows(b, stats, errors, include_relay)
+    return b.families
+
+
+def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    up = b.family("vllm_dp_engine_up")
+    sleeping = b.family("vllm_dp_engine_sleeping")
+    paused = b.family("vllm_dp_engine_paused")
+    state = b.family("vllm_dp_engine_state")
+    last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
+    info = b.family("vllm_dp_engine_info")
+    for e in snap.engines:
+        engine = (e.engine,)
+        b.add(up, engine, 1.0 if e.up else 0.0)
+        if e.sleeping is not None:
+            b.add(sleeping, engine, float(e.sleeping))
+        if e.paused is not None:
+            b.add(paused, engine, float(e.paused))
+        current = e.state
+        for s in ENGINE_STATES:
+            b.add(state, (e.engine, s), 1.0 if s == current else 0.0)
+        if e.last_success_unix is not None:
+            b.add(last_ok, engine, e.last_success_unix)
+        d = e.detail
+        if d.vllm_version is not None or d.enable_sleep_mode is not None:
+            mode = "" if d.enable_sleep_mode is None else str(d.enable_sleep_mode).lower()
+            b.add(info, (e.engine, d.vllm_version or "", mode), 1.0)
+
+
+def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    verdict = snap.sleeping
+    sleeping = b.family("vllm_dp_sleeping")
+    consistent = b.family("vllm_dp_sleep_state_consistent")
+    if verdict.state is FleetState.CONSISTENT:
+        b.add(sleeping, (), float(bool(verdict.value)))
+        b.add(consistent, (), 1.0)
+    elif verdict.state is FleetState.INCONSISTENT:
+        b.add(consistent, (), 0.0)
+    fleet = b.family("vllm_dp_fleet_state")
+    for s in FLEET_STATES:
+        b.add(fleet, (s,), 1.0 if s == verdict.state.value else 0.0)
+    b.add(b.family("vllm_dp_engines_expected"), (), float(snap.expected))
+    b.add(b.family("vllm_dp_engines_connected"), (), float(snap.connected))
+    duration = b.family("vllm_dp_poll_duration_seconds")
+    last_poll = b.family("vllm_dp_last_poll_timestamp_seconds")
+    if snap.poll_number:
+        b.add(duration, (), snap.poll_duration_s)
+        b.add(last_poll, (), snap.taken_at_unix)
+    b.add(b.family("vllm_dp_exporter_build_info"), (__version__,), 1.0)
+
+
+def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_relay: bool) -> None:
+    b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
+    b.counter("vllm_dp_utility_calls_total", st.utility_calls)
+    calls = b.family("vllm_dp_utility_call_duration_seconds")
+    for method, hist in sorted(st.call_durations.items()):
+        b.histogram(calls, (method,), hist)
+    b.counter("vllm_dp_prefix_cache_resets_total", _single(st.resets))
+    b.counter("vllm_dp_prefix_cache_reset_engine_failures_total", st.reset_engine_failures)
+    b.histogram(b.family("vllm_dp_prefix_cache_reset_duration_seconds"), (), st.reset_durations)
+    last_reset = b.family("vllm_dp_prefix_cache_last_success_timestamp_seconds")
+    if st.last_reset_success_unix is not None:
+        b.add(last_reset, (), st.last_reset_success_unix)
+    b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
+    b.counter("vllm_dp_polls_total", {(): st.polls})
+    b.counter("vllm_dp_admin_requests_total", st.admin_requests)
+    if include_relay:
+        b.counter("vllm_dp_relay_handshakes_total", _single(st.relay_handshakes))
 
 
 class ExporterCollector(Collector):
-    """Renders the latest snapshot and the counters; cheap enough to run on every scrape."""
+    """The prometheus_client view of ``build_families`` (OpenMetrics, registries, tests)."""
 
     def __init__(
         self,
@@ -63,108 +171,38 @@ class ExporterCollector(Collector):
         self._snapshot = snapshot
         self._stats = stats
         self._errors = protocol_errors
-        self._f = _Families(model_name)
+        self._model_name = model_name
         self._include_relay = include_relay
 
+    def families(self) -> list[Family]:
+        return build_families(
+            self._snapshot(),
+            self._stats,
+            self._errors,
+            model_name=self._model_name,
+            include_relay=self._include_relay,
+        )
+
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        yield from self._engine_families(snap)
-        yield from self._fleet_families(snap)
-        yield from self._counter_families()
-
-    def _engine_families(self, snap: FleetSnapshot) -> Iterator[Metric]:
-        f = self._f
-        up = f.gauge("vllm_dp_engine_up")
-        sleeping = f.gauge("vllm_dp_engine_sleeping")
-        paused = f.gauge("vllm_dp_engine_paused")
-        state = f.gauge("vllm_dp_engine_state")
-        last_ok = f.gauge("vllm_dp_engine_last_success_timestamp_seconds")
-        info = f.gauge("vllm_dp_engine_info")
-        for e in snap.engines:
-            up.add_metric(f.values(e.engine), 1.0 if e.up else 0.0)
-            if e.sleeping is not None:
-                sleeping.add_metric(f.values(e.engine), float(e.sleeping))
-            if e.paused is not None:
-                paused.add_metric(f.values(e.engine), float(e.paused))
-            current = e.state
-            for s in ENGINE_STATES:
-                state.add_metric(f.values(e.engine, s), 1.0 if s == current else 0.0)
-            if e.last_success_unix is not None:
-                last_ok.add_metric(f.values(e.engine), e.last_success_unix)
-            d = e.detail
-            if d.vllm_version is not None or d.enable_sleep_mode is not None:
-                mode = "" if d.enable_sleep_mode is None else str(d.enable_sleep_mode).lower()
-                info.add_metric(f.values(e.engine, d.vllm_version or "", mode), 1.0)
-        yield from (up, sleeping, paused, state, last_ok, info)
-
-    def _fleet_families(self, snap: FleetSnapshot) -> Iterator[Metric]:
-        f = self._f
-        verdict = snap.sleeping
-        sleeping = f.gauge("vllm_dp_sleeping")
-        consistent = f.gauge("vllm_dp_sleep_state_consistent")
-        if verdict.state is FleetState.CONSISTENT:
-            sleeping.add_metric(f.values(), float(bool(verdict.value)))
-            consistent.add_metric(f.values(), 1.0)
-        elif verdict.state is FleetState.INCONSISTENT:
-            consistent.add_metric(f.values(), 0.0)
-        fleet = f.gauge("vllm_dp_fleet_state")
-        for s in FLEET_STATES:
-            fleet.add_metric(f.values(s), 1.0 if s == verdict.state.value else 0.0)
-        expected = f.gauge("vllm_dp_engines_expected")
-        expected.add_metric(f.values(), float(snap.expected))
-        connected = f.gauge("vllm_dp_engines_connected")
-        connected.add_metric(f.values(), float(snap.connected))
-        duration = f.gauge("vllm_dp_poll_duration_seconds")
-        last_poll = f.gauge("vllm_dp_last_poll_timestamp_seconds")
-        if snap.poll_number:
-            duration.add_metric(f.values(), snap.poll_duration_s)
-            last_poll.add_metric(f.values(), snap.taken_at_unix)
-        build = f.gauge("vllm_dp_exporter_build_info")
-        build.add_metric(f.values(__version__), 1.0)
-        yield from (sleeping, consistent, fleet, expected, connected, duration, last_poll, build)
-
-    def _counter_families(self) -> Iterator[Metric]:
-        f, st = self._f, self._stats
-        yield _counter(
-            f, "vllm_dp_inconsistent_utility_results_total", _keyed(st.inconsistent_results)
-        )
-        yield _counter(f, "vllm_dp_utility_calls_total", st.utility_calls.items())
-        calls = f.histogram("vllm_dp_utility_call_duration_seconds")
-        for method, hist in sorted(st.call_durations.items()):
-            calls.add_metric(f.values(method), hist.cumulative(), hist.total)
-        yield calls
-        yield _counter(f, "vllm_dp_prefix_cache_resets_total", _keyed(st.resets))
-        yield _counter(
-            f, "vllm_dp_prefix_cache_reset_engine_failures_total", st.reset_engine_failures.items()
-        )
-        resets = f.histogram("vllm_dp_prefix_cache_reset_duration_seconds")
-        resets.add_metric(f.values(), st.reset_durations.cumulative(), st.reset_durations.total)
-        yield resets
-        last_reset = f.gauge("vllm_dp_prefix_cache_last_success_timestamp_seconds")
-        if st.last_reset_success_unix is not None:
-            last_reset.add_metric(f.values(), st.last_reset_success_unix)
-        yield last_reset
-        yield _counter(f, "vllm_dp_protocol_errors_total", _keyed(self._errors.counts))
-        polls = f.counter("vllm_dp_polls_total")
-        polls.add_metric(f.values(), float(st.polls))
-        yield polls
-        yield _counter(f, "vllm_dp_admin_requests_total", st.admin_requests.items())
-        if self._include_relay:
-            yield _counter(f, "vllm_dp_relay_handshakes_total", _keyed(st.relay_handshakes))
+        for fam in self.families():
+            yield _to_metric(fam)
 
 
-def _keyed(counts: Mapping[str, int]) -> list[tuple[tuple[str, ...], int]]:
-    """Single-label counters: ``{"x": 3}`` → ``[(("x",), 3)]``."""
-    return [((key,), value) for key, value in counts.items()]
-
-
-def _counter(
-    f: _Families, name: str, rows: Iterable[tuple[tuple[str, ...], int]]
-) -> CounterMetricFamily:
-    family = f.counter(name)
-    for labels, value in sorted(rows):
-        family.add_metric(f.values(*labels), float(value))
-    return family
+def _to_metric(fam: Family) -> Metric:
+    spec, labels = fam.spec, list(fam.labels)
+    metric: GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+    if spec.kind == "histogram":
+        metric = HistogramMetricFamily(spec.name, spec.help, labels=labels)
+        for values, buckets, total in fam.histograms:
+            metric.add_metric(list(values), buckets, total)
+        return metric
+    if spec.kind == "counter":
+        metric = CounterMetricFamily(spec.family, spec.help, labels=labels)
+    else:
+        metric = GaugeMetricFamily(spec.name, spec.help, labels=labels)
+    for values, value in fam.rows:
+        metric.add_metric(list(values), value)
+    return metric
 
 
 def build_registry(collector: ExporterCollector) -> CollectorRegistry:

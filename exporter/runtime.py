@@ -17,6 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.client import EngineCoreClient, FleetClient
 from exporter.config import ServeConfig
 from exporter.error import ConfigError
+from exporter.exposition import render_text
 from exporter.metrics import ExporterCollector, build_registry
 from exporter.poller import Poller
 from exporter.stats import Stats
@@ -97,7 +98,10 @@ class Exporter:
         cached = self._render_cache.get(key)
         if cached is not None and cached[0] == version:
             return cached[1], cached[2]
-        body = encoder(self.registry)
+        if content_type.startswith("text/plain"):
+            body = render_text(self.collector.families())
+        else:
+            body = encoder(self.registry)
         if use_gzip:
             body = gzip.compress(body, compresslevel=5)
         self._render_cache[key] = (version, body, content_type)

@@ -24,6 +24,7 @@ from typing import cast
 
 import zmq
 import zmq.asyncio
+import zmq.backend
 from zmq.utils.monitor import parse_monitor_message
 
 from exporter.error import HandshakeError, ProtocolError
@@ -48,9 +49,27 @@ ZMQ_MAX_MSG_BYTES = 16 * 1024 * 1024
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 
-def _readable(sock: zmq.Socket[bytes]) -> bool:
-    """ZMQ's FD is edge-triggered: readiness is what ZMQ_EVENTS says, checked until drained."""
-    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+# The hot path calls the Cython socket methods with plain int flags: pyzmq's Python wrappers
+# and enum flags cost more per frame than the send itself (docs/benchmarks.md, "Profile").
+_NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+_send = cast(Callable[..., None], zmq.backend.Socket.send)
+_recv = cast(Callable[..., zmq.Frame], zmq.backend.Socket.recv)
+
+
+def _recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+    """The next message's frames, or None when nothing is queued.
+
+    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD).
+    Frames are received without copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
+    try:
+        frame = _recv(sock, _NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, _NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
 
 
 class Phase(enum.Enum):
@@ -346,7 +365,10 @@ class EngineDataPlane:
         link = self._links[engine_index]
         try:
             # SNDHWM=0 and ROUTER semantics: never blocks; EHOSTUNREACH when not routable.
-            self._input.send_multipart([link.identity, UTILITY_REQUEST_TYPE, payload], zmq.NOBLOCK)
+            sock = self._input
+            _send(sock, link.identity, _SNDMORE_NOBLOCK)
+            _send(sock, UTILITY_REQUEST_TYPE, _SNDMORE_NOBLOCK)
+            _send(sock, payload, _NOBLOCK)
         except zmq.ZMQError as exc:
             raise EngineUnavailable(f"engine {engine_index} is not routable: {exc}") from None
         finally:
@@ -360,8 +382,7 @@ class EngineDataPlane:
     def _drain_input(self) -> None:
         self._input_check_scheduled = False
         sock = self._input
-        while sock is not None and _readable(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK)
+        while sock is not None and (frames := _recv_message(sock)) is not None:
             try:
                 self._on_input_frames(frames)
             except ProtocolError as exc:
@@ -391,8 +412,7 @@ class EngineDataPlane:
 
     def _drain_output(self, link: EngineLink) -> None:
         sock = link.pull
-        while sock is not None and _readable(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK)
+        while sock is not None and (frames := _recv_message(sock)) is not None:
             try:
                 self._on_output_frames(link, frames)
             except Exception:  # one bad frame must not stop the drain
@@ -444,8 +464,7 @@ class EngineDataPlane:
         connected, a SIGKILLed engine is noticed by its call timeout instead.)
         """
         sock = link.monitor
-        while sock is not None and _readable(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK)
+        while sock is not None and (frames := _recv_message(sock)) is not None:
             try:
                 event = parse_monitor_message(frames)
             except Exception:  # a malformed monitor frame is not actionable

@@ -50,7 +50,9 @@ async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> 
         assert {"ok", "failed", "timeout"} <= outcomes
         # 2 methods x 2 engines x at most 5 outcomes, whatever the number of polls.
         assert len(stats.utility_calls) <= 20
-        assert label_sizes == sorted(label_sizes) and label_sizes[-1] == label_sizes[1]
+        # Bounded, not growing with the number of polls (a 5 ms timeout under CI load may add a
+        # timeout series for the healthy engine late, so only the bound is asserted).
+        assert max(label_sizes) <= 20
         assert set(stats.call_durations) == {"is_sleeping", "is_scheduler_paused"}
         assert set(exporter.errors.counts) <= {"unknown_call_id"}, exporter.errors.counts
         assert len(exporter.poller._last_success) <= 2
