@@ -8,7 +8,6 @@ the probe only ever see that interface and per-engine ``EngineOutcome``s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -84,11 +83,30 @@ class ZmqTransport(Protocol):
     async def close(self) -> None: ...
 
 
+class _FanOut:
+    """The outcomes of one fan-out, and one future set when the last engine answered: a
+    fan-out over N engines costs one future and one timer, not N."""
+
+    __slots__ = ("done", "remaining", "results")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.remaining = 0
+        self.results: dict[int, EngineOutcome] = {}
+
+    def resolve(self, engine_index: int, outcome: EngineOutcome) -> None:
+        if engine_index in self.results:
+            return
+        self.results[engine_index] = outcome
+        self.remaining -= 1
+        if self.remaining <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+
 @dataclass(slots=True)
 class _Pending:
     engine_index: int
-    method: str
-    future: asyncio.Future[EngineOutcome]
+    fanout: _FanOut
     sent_at: float
 
 
@@ -107,6 +125,7 @@ class EngineCoreClient:
         self._errors = errors
         self._allowed = allowed_methods
         self._pending: dict[int, _Pending] = {}
+        self._labels: dict[int, str] = {}
         # Random start: a restarted exporter does not reuse the ids its predecessor had in flight.
         self._next_id = random.getrandbits(64)
         self._transport: ZmqTransport | None = None
@@ -155,14 +174,20 @@ class EngineCoreClient:
 
     async def close(self) -> None:
         for pending in self._pending.values():
-            if not pending.future.done():
-                pending.future.cancel()
+            if not pending.fanout.done.done():
+                pending.fanout.done.cancel()
         self._pending.clear()
         await self.transport.close()
 
     @property
     def pending_count(self) -> int:
         return len(self._pending)
+
+    def _label(self, engine_index: int) -> str:
+        label = self._labels.get(engine_index)
+        if label is None:
+            label = self._labels[engine_index] = str(engine_index)
+        return label
 
     def _allocate_id(self) -> int:
         call_id = self._next_id
@@ -186,44 +211,42 @@ class EngineCoreClient:
             raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
         transport = self.transport
         indices = list(transport.engine_indices if engines is None else engines)
-        loop = asyncio.get_running_loop()
-        results: dict[int, EngineOutcome] = {}
-        waiting: dict[int, tuple[int, asyncio.Future[EngineOutcome]]] = {}
+        fanout = _FanOut(asyncio.get_running_loop())
+        results = fanout.results
+        sent: list[int] = []
         try:
             for idx in indices:
-                if not transport.is_callable(idx):
-                    results[idx] = EngineOutcome(
-                        str(idx), Outcome.DISCONNECTED, error="engine not connected"
-                    )
-                    continue
                 call_id = self._allocate_id()
-                payload = encode_utility_request(transport.client_index(idx), call_id, method, args)
-                future: asyncio.Future[EngineOutcome] = loop.create_future()
-                self._pending[call_id] = _Pending(idx, method, future, time.perf_counter())
+                fanout.remaining += 1
+                self._pending[call_id] = _Pending(idx, fanout, time.perf_counter())
                 try:
+                    # The transport refuses engines that are not connected or not routable.
+                    payload = encode_utility_request(
+                        transport.client_index(idx), call_id, method, args
+                    )
                     transport.send_utility(idx, payload)
                 except Exception as exc:  # EngineUnavailable or a socket error
                     del self._pending[call_id]
-                    results[idx] = EngineOutcome(str(idx), Outcome.DISCONNECTED, error=str(exc))
+                    fanout.resolve(
+                        idx, EngineOutcome(self._label(idx), Outcome.DISCONNECTED, error=str(exc))
+                    )
                     continue
-                waiting[idx] = (call_id, future)
-            if waiting:
-                await asyncio.wait([f for _, f in waiting.values()], timeout=timeout_s)
-            for idx, (_, future) in waiting.items():
-                if future.done() and not future.cancelled():
-                    results[idx] = future.result()
-                else:
+                sent.append(call_id)
+            if fanout.remaining > 0:
+                await asyncio.wait((fanout.done,), timeout=timeout_s)
+            for idx in indices:
+                if idx not in results:
                     results[idx] = EngineOutcome(
-                        str(idx),
+                        self._label(idx),
                         Outcome.TIMEOUT,
                         error=f"no reply within {timeout_s:g}s",
                         duration_s=timeout_s,
                     )
         finally:
-            for call_id, future in waiting.values():
+            for call_id in sent:
                 self._pending.pop(call_id, None)
-                if not future.done():
-                    future.cancel()
+            if not fanout.done.done():
+                fanout.done.cancel()
         return [results[idx] for idx in indices]
 
     # -- TransportListener -----------------------------------------------------------------
@@ -247,20 +270,19 @@ class EngineCoreClient:
             )
             return
         del self._pending[reply.call_id]
-        if pending.future.done():
-            return
         duration = time.perf_counter() - pending.sent_at
+        label = self._label(engine_index)
         if reply.failure_message is None:
-            outcome = EngineOutcome(str(engine_index), Outcome.OK, reply.value, duration_s=duration)
+            outcome = EngineOutcome(label, Outcome.OK, reply.value, duration_s=duration)
         else:
             outcome = EngineOutcome(
-                str(engine_index),
+                label,
                 Outcome.FAILED,
                 error=reply.failure_message,
                 shutting_down=reply.failure_message == SHUTTING_DOWN,
                 duration_s=duration,
             )
-        pending.future.set_result(outcome)
+        pending.fanout.resolve(engine_index, outcome)
 
     def on_engine_up(self, engine_index: int) -> None:
         if self.on_change is not None:
@@ -273,16 +295,7 @@ class EngineCoreClient:
         for call_id, pending in list(self._pending.items()):
             if pending.engine_index == engine_index:
                 del self._pending[call_id]
-                if not pending.future.done():
-                    pending.future.set_result(
-                        EngineOutcome(
-                            str(engine_index), Outcome.DISCONNECTED, error=f"engine {reason}"
-                        )
-                    )
-
-
-async def cancel_quietly(task: asyncio.Task[Any]) -> None:
-    """Cancel a task and wait for it, swallowing its cancellation."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+                outcome = EngineOutcome(
+                    self._label(engine_index), Outcome.DISCONNECTED, error=f"engine {reason}"
+                )
+                pending.fanout.resolve(engine_index, outcome)

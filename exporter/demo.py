@@ -174,5 +174,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.attach == "relay":
         from exporter.sim.relay_demo import run_relay_demo
 
-        return asyncio.run(run_relay_demo(*common))
+        return asyncio.run(
+            run_relay_demo(*common, reset_every=args.reset_every, model_name=args.model_name)
+        )
     return asyncio.run(run_demo_async(args))

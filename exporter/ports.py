@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def _kernel_port(host: str) -> int:
     """A port the kernel says is free right now (from the ephemeral range)."""
     with socket.socket() as s:
         s.bind((host, 0))
@@ -40,7 +40,14 @@ def free_listen_port(host: str = "127.0.0.1") -> int:
         port = random.randrange(10000, 65535)
         if not low <= port <= high and _bindable(host, port):
             return port
-    return free_port(host)
+    return _kernel_port(host)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free port for something this process or a child binds a moment later. Outside the
+    ephemeral range too: the exporter binds dozens of ZMQ sockets on kernel-chosen ephemeral
+    ports at start-up, and one of them could take a port picked from that range first."""
+    return free_listen_port(host)
 
 
 def free_port_range(count: int, host: str = "127.0.0.1") -> int:
