@@ -205,11 +205,12 @@ async def test_case7_scrape_storm_does_not_starve_the_poller(
     assert statuses == Counter({200: 300 * rounds})
     during = [t for _, t in seen if t <= started + storm_s]
     gaps = [b - a for a, b in itertools.pairwise(during)]
-    # The poller keeps running through the storm: no stall (bounds loose for loaded CI), and no
-    # engine falsely timed out. (Measured: the cadence stretches from ~0.11 s to ~0.9 s under
-    # 300 concurrent scrapes, because /metrics is rendered on the event loop per request.)
-    assert gaps and max(gaps) <= 3.0, gaps
-    assert len(during) >= storm_s / 3.0
+    # The poller keeps its cadence through the storm: a poll starts at most one interval after
+    # the previous one ended and takes at most the call timeout, so no gap may exceed their sum
+    # (plus a margin for a loaded CI machine). Scrapes between two polls reuse the cached body
+    # (Exporter.render_metrics); without that cache the gaps stretched to ~0.9 s here.
+    assert gaps and max(gaps) <= interval + call_timeout + 0.5, gaps
+    assert len(during) >= storm_s / (interval + call_timeout + 0.5)
     assert poller.snapshot.ready
     for method in ("is_sleeping", "is_scheduler_paused"):
         for engine in ("0", "1"):

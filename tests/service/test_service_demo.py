@@ -36,15 +36,22 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | No
     return out
 
 
-def test_demo_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+def _run_demo_until(
+    tmp_path: Path, attach: str, check: object, children: int | None = None, timeout_s: float = 25
+) -> None:
+    """Start ``demo --attach ATTACH``, wait until ``check(metrics)`` holds, SIGTERM: exit 0
+    within a few seconds and no orphaned child processes."""
     port, admin_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "demo.log").open("w+b")
+    log_path = tmp_path / f"demo-{attach}.log"
+    log = log_path.open("w+b")
     proc = subprocess.Popen(
         python_cmd(
             "--log-level",
             "warning",
             "demo",
+            "--attach",
+            attach,
             "--engines",
             "3",
             "--listen",
@@ -65,32 +72,59 @@ def test_demo_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         env=clean_env(),
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout_s
         metrics = None
         while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "demo.log").read_text()
+            assert proc.poll() is None, log_path.read_text()
             metrics = scrape(url)
-            if metrics:
-                up = metrics.get("vllm_dp_engine_up", {})
-                resets = metrics.get("vllm_dp_prefix_cache_resets_total", {})
-                if len(up) == 3 and all(v == 1.0 for v in up.values()) and resets:
-                    break
+            if metrics and check(metrics):  # type: ignore[operator]
+                break
             time.sleep(0.2)
         else:
-            raise AssertionError(f"demo never got 3 engines up: {metrics}")
-        assert metrics["vllm_dp_engines_connected"][()] == 3.0
-        engines = children_of(proc.pid)
-        assert len(engines) == 3, engines  # one sim-engine process per engine
-
+            raise AssertionError(f"demo --attach {attach} never got ready: {metrics}")
+        pids = children_of(proc.pid)
+        if children is not None:
+            assert len(pids) == children, pids
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=8) == 0, (tmp_path / "demo.log").read_text()
+        assert proc.wait(timeout=10) == 0, log_path.read_text()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(process_alive(pid) for pid in engines):
+        while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
             time.sleep(0.05)
-        orphans = [pid for pid in engines if process_alive(pid)]
-        assert not orphans, f"engine processes outlived the demo: {orphans}"
-        text = (tmp_path / "demo.log").read_text()
-        assert "Traceback" not in text, text
+        assert not [pid for pid in pids if process_alive(pid)], "orphaned processes"
+        assert "Traceback" not in log_path.read_text()
     finally:
         terminate(proc)
         log.close()
+
+
+def test_demo_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    def ready(m: dict) -> bool:
+        up = m.get("vllm_dp_engine_up", {})
+        resets = m.get("vllm_dp_prefix_cache_resets_total", {})
+        connected = m.get("vllm_dp_engines_connected", {}).get(())
+        return (
+            len(up) == 3
+            and all(v == 1.0 for v in up.values())
+            and bool(resets)
+            and (connected == 3.0)
+        )
+
+    # One sim-engine process per engine.
+    _run_demo_until(tmp_path, "owner", ready, children=3)
+
+
+def test_relay_demo_relays_every_handshake_and_stops_cleanly(tmp_path: Path) -> None:
+    def ready(m: dict) -> bool:
+        up = m.get("vllm_dp_engine_up", {})
+        completed = m.get("vllm_dp_relay_handshakes_total", {}).get((("result", "completed"),))
+        return len(up) == 3 and all(v == 1.0 for v in up.values()) and completed == 3.0
+
+    _run_demo_until(tmp_path, "relay", ready)
+
+
+def test_http_demo_serves_every_target_and_stops_cleanly(tmp_path: Path) -> None:
+    def ready(m: dict) -> bool:
+        up = m.get("vllm_dp_engine_up", {})
+        return len(up) >= 2 and all(v == 1.0 for v in up.values())
+
+    _run_demo_until(tmp_path, "http", ready)
