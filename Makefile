@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 ## make bench: benchmarks against simulated engines; writes docs/benchmarks.md
+BENCH_ARGS ?= --compare docs/benchmarks-before.md
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
