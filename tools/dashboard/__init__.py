@@ -1,0 +1,1 @@
+"""Building blocks and rows of the Grafana dashboard (see tools/gen_dashboard.py)."""
