@@ -88,7 +88,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             "--poll-interval",
             "0.5",
             "--call-timeout",
-            "0.5",
+            "2",
             "--story-period",
             "16",
             "--reset-every",
@@ -121,6 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         urls = {
             "exporter": f"http://127.0.0.1:{port}",
             "prometheus": f"http://127.0.0.1:{prom_port}",
+            "started": str(time.time()),
         }
         wait_for(
             lambda: len(query(urls, "vllm_dp_engine_up == 1")) == 3,
@@ -196,8 +197,11 @@ def test_every_dashboard_query_returns_data(stack: dict[str, str]) -> None:
         45,
         "a refused reset",
     )
+    # The whole run so far: a series that is legitimately absent at times (the aggregate while
+    # the engines disagree) must still have data somewhere in it.
+    window = int(time.time() - float(stack["started"])) + 1
     empty = [
-        (title, expr) for title, expr in dashboard_queries() if not query_range(stack, expr, 60)
+        (title, expr) for title, expr in dashboard_queries() if not query_range(stack, expr, window)
     ]
     assert empty == [], f"dashboard queries without data: {empty}"
 
