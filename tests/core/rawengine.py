@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import zmq
@@ -83,12 +82,3 @@ class RawEngine:
     def close(self) -> None:
         for sock in [self.hs, *self.inputs, *self.outputs]:
             sock.close(linger=0)
-
-
-async def eventually(predicate: Any, timeout_s: float = 3.0, step_s: float = 0.01) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(step_s)

@@ -17,7 +17,8 @@ from exporter.protocol import ENGINE_CORE_DEAD, encode_utility_reply
 from exporter.transport.events import ProtocolErrorTally
 from exporter.transport.owner import OwnerConfig, OwnerTransport
 from tests.conftest import loopback_address
-from tests.core.rawengine import RawEngine, eventually
+from tests.core.rawengine import RawEngine
+from tests.helpers import eventually
 
 
 class Harness:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from exporter.sim.frontend import SimFrontend
 from exporter.stats import Stats
 from exporter.transport.events import ProtocolErrorTally
 from exporter.transport.relay import RelayTransport, make_relay_client
+from tests.helpers import eventually
 
 VECTORS = json.loads(
     (Path(__file__).resolve().parents[1] / "data" / "engine-core.json").read_text()
@@ -38,11 +38,7 @@ def vector(name: str) -> bytes:
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
+    await eventually(predicate, timeout_s, what)
 
 
 @dataclass

@@ -12,8 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ import aiohttp
 import zmq
 import zmq.asyncio
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.client import EngineCoreClient
 from exporter.config import ServeConfig, resolve_config
@@ -31,6 +28,8 @@ from exporter.ports import free_listen_port, free_port, free_port_range
 from exporter.runtime import Exporter
 from exporter.server import ADMIN_URL_KEY, create_app
 from exporter.sim.engine import SimEngine, SimOptions
+from tests.helpers import eventually, parse_metrics
+from tests.helpers import metric_value as metric
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -62,35 +61,6 @@ def make_config(engine_count: int, **overrides: Any) -> ServeConfig:
     }
     settings.update(overrides)
     return resolve_config(None, environ={}, **settings)
-
-
-async def eventually(
-    predicate: Callable[[], bool], timeout_s: float = WAIT_S, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def parse_metrics(text: str) -> dict[str, Any]:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def metric(families: dict[str, Any], family: str, **labels: str) -> float | None:
-    if family.endswith("_total"):
-        family = family[: -len("_total")]
-    f = families.get(family)
-    if f is None:
-        return None
-    found = [
-        s.value
-        for s in f.samples
-        if s.name in (family, f"{family}_total") and labels.items() <= s.labels.items()
-    ]
-    assert len(found) <= 1, f"{family}{labels} matches {len(found)} samples"
-    return found[0] if found else None
 
 
 @dataclass

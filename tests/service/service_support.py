@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +22,12 @@ import aiohttp
 import zmq
 import zmq.asyncio
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import ServeConfig, resolve_config
 from exporter.ports import free_listen_port
 from exporter.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
+from tests.helpers import eventually, parse_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 5.0  # upper bound of every "eventually" in these tests
@@ -51,41 +50,6 @@ class RecordingSimEngine(SimEngine):
 
     def args_of(self, method: str) -> list[list[Any]]:
         return [args for m, args in self.received if m == method]
-
-
-async def eventually(
-    predicate: Callable[[], bool], timeout_s: float = WAIT_S, what: str = "condition"
-) -> None:
-    """Wait (bounded) until ``predicate()`` is true."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-def parse_metrics(text: str) -> dict[str, Any]:
-    """Family name → family (prometheus_client's parser; counters lose their ``_total``)."""
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def samples(families: dict[str, Any], family: str, **labels: str) -> list[Any]:
-    """The samples of one family whose labels include ``labels``."""
-    f = families.get(family)
-    if f is None:
-        return []
-    return [
-        s
-        for s in f.samples
-        if s.name in (family, f"{family}_total") and labels.items() <= s.labels.items()
-    ]
-
-
-def value(families: dict[str, Any], family: str, **labels: str) -> float | None:
-    """The value of the one sample matching ``labels`` (None when absent)."""
-    found = samples(families, family, **labels)
-    assert len(found) <= 1, f"{family}{labels} matches {len(found)} samples"
-    return found[0].value if found else None
 
 
 @dataclass

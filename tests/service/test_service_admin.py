@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_support import CALL_TIMEOUT, FleetFactory, eventually, value
+from service_support import CALL_TIMEOUT, FleetFactory
 
 from exporter.sim.engine import SimOptions
+from tests.helpers import eventually
+from tests.helpers import metric_value as value
 
 TOKEN = "tok-7f3a9c1e5b2d4a60"
 

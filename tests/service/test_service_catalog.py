@@ -13,10 +13,12 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from service_support import ROOT, Fleet, FleetFactory, eventually, value
+from service_support import ROOT, Fleet, FleetFactory
 
 from exporter.metrics_catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
 from exporter.sim.engine import ALL_TAGS
+from tests.helpers import eventually
+from tests.helpers import metric_value as value
 
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 DESIGN_METRICS = ROOT / "tests" / "data" / "design_metrics.txt"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 
-from service_support import CALL_TIMEOUT, FleetFactory, samples, value
+from service_support import CALL_TIMEOUT, FleetFactory
 
 from exporter.sim.engine import ALL_TAGS, SimOptions
+from tests.helpers import metric_value as value
+from tests.helpers import samples
 
 ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
 
