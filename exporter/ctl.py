@@ -67,7 +67,9 @@ def format_reset(body: dict[str, Any]) -> str:
 def format_status(body: dict[str, Any]) -> str:
     agg = body.get("aggregate", {}).get("is_sleeping", {})
     state = agg.get("state", "unknown")
-    verdict = state if state != "consistent" else ("asleep" if agg.get("value") else "awake")
+    paused = body.get("is_scheduler_paused", {}).get("value") is True
+    asleep = "paused" if paused else "asleep"  # is_sleeping is also true while only paused
+    verdict = state if state != "consistent" else (asleep if agg.get("value") else "awake")
     head = (
         f"fleet: {verdict}  engines connected {body.get('engines_connected')}/"
         f"{body.get('engines_expected')}  last poll #{body.get('last_poll', {}).get('number')}"

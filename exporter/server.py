@@ -135,7 +135,8 @@ def render_index(snap: FleetSnapshot, config: ServeConfig) -> str:
     title = "vllm-dp-exporter"
     if config.model_name:
         title += f" — {config.model_name}"
-    value = "asleep" if verdict.value else "awake"
+    paused = snap.paused.state is FleetState.CONSISTENT and snap.paused.value is True
+    value = ("paused" if paused else "asleep") if verdict.value else "awake"
     verdict_text = value if verdict.state is FleetState.CONSISTENT else verdict.state.value
     error = f"<p class=err>{html.escape(str(verdict.error))}</p>" if verdict.error else ""
     return f"""<!doctype html>
