@@ -25,7 +25,6 @@ target and kept out of logs, reprs and error texts.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import logging
@@ -43,17 +42,33 @@ from exporter.aggregate import EngineOutcome, Outcome
 from exporter.client import DEFAULT_ALLOWED_METHODS, EngineDetail
 from exporter.config import ServeConfig
 from exporter.error import ConfigError, MethodNotAllowed
+from exporter.transport.http_replies import (
+    DEV_MODE_OFF,
+    NO_SUCCESS_FIELD,
+    interpret,
+    parse_inconsistent,
+)
+
+__all__ = [
+    "DEV_MODE_OFF",
+    "NOT_AVAILABLE",
+    "NO_SUCCESS_FIELD",
+    "HttpFleetClient",
+    "HttpTarget",
+    "interpret",
+    "make_http_client",
+    "parse_inconsistent",
+    "parse_targets",
+    "read_targets_file",
+]
 
 log = logging.getLogger("exporter.http")
 
 #: At most this many requests in flight per client (across all targets).
 DEFAULT_MAX_CONCURRENCY = 64
 NOT_AVAILABLE = "not available over HTTP"
-DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
-NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"
-_INCONSISTENT = re.compile(r"^Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL)
+VERSION_TIMEOUT_S = 5.0
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_MAX_ERROR_CHARS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +155,9 @@ class _TargetState:
     target: HttpTarget
     connected: bool = False
     requests: int = 0
+    #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
+    vllm_version: str | None = None
+    version_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +184,7 @@ class HttpFleetClient:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        self._background: set[asyncio.Task[None]] = set()
         self.retries = 0
 
     # -- FleetClient -----------------------------------------------------------------------
@@ -176,7 +195,12 @@ class HttpFleetClient:
 
     def engine_details(self) -> list[EngineDetail]:
         return [
-            EngineDetail(engine=s.target.label, connected=s.connected, address=s.target.url)
+            EngineDetail(
+                engine=s.target.label,
+                connected=s.connected,
+                address=s.target.url,
+                vllm_version=s.vllm_version,
+            )
             for s in self._states
         ]
 
@@ -208,6 +232,9 @@ class HttpFleetClient:
         )
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
@@ -293,7 +320,28 @@ class HttpFleetClient:
                 )
             duration = time.perf_counter() - started
             state.connected = True
+            if state.vllm_version is None and not state.version_pending:
+                state.version_pending = True
+                task = asyncio.create_task(self._fetch_version(state))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             return interpret(label, method, reply.status, reply.body, duration)
+
+    async def _fetch_version(self, state: _TargetState) -> None:
+        """``GET /version`` once, off the poll path; a failure is retried on a later poll."""
+        try:
+            reply = await asyncio.wait_for(
+                # A one-off request: on a fresh connection, leaving the pool to the polls.
+                self._request(self._fresh_session(), state, "GET", "/version", None),
+                VERSION_TIMEOUT_S,
+            )
+            data = json.loads(reply.body) if reply.status == 200 else None
+            if isinstance(data, dict) and isinstance(data.get("version"), str):
+                state.vllm_version = data["version"]
+        except (_Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
+            log.debug("target %s: no vLLM version", state.target.label)
+        finally:
+            state.version_pending = False
 
     def _pooled(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -352,79 +400,3 @@ def _connection_error(target: HttpTarget, exc: BaseException) -> str:
     if isinstance(cause, OSError) and cause.strerror:
         return f"connection to {target.url} failed: {cause.strerror}"
     return f"connection to {target.url} failed: {type(cause).__name__}"
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
-
-
-def _error_message(body: bytes) -> str | None:
-    """vLLM's error envelope ``{"error": {"message": ...}}`` or FastAPI's ``{"detail": ...}``."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        detail = data.get("detail")
-        if detail is not None:
-            return detail if isinstance(detail, str) else json.dumps(detail)
-    return None
-
-
-def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
-    """The values of vLLM's "Engines returned different <method> results: [...]" message."""
-    m = _INCONSISTENT.match(message.strip())
-    if m is None or m.group(1) != method:
-        return None
-    try:
-        values = ast.literal_eval(m.group(2))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    return tuple(values) if isinstance(values, list) else None
-
-
-def interpret(
-    label: str, method: str, status: int, body: bytes, duration_s: float | None
-) -> EngineOutcome:
-    """Pure: one HTTP reply of a dev route → one ``EngineOutcome`` (F.4.1)."""
-
-    def failed(error: str) -> EngineOutcome:
-        return EngineOutcome(label, Outcome.FAILED, error=_clip(error), duration_s=duration_s)
-
-    if status == 404:
-        return failed(DEV_MODE_OFF)
-    message = _error_message(body)
-    if status == 500 and message is not None:
-        values = parse_inconsistent(message, method)
-        if values is not None:
-            return EngineOutcome(
-                label,
-                Outcome.INCONSISTENT,
-                error=_clip(message),
-                duration_s=duration_s,
-                values=values,
-            )
-        return failed(message)
-    if status != 200:
-        return failed(f"HTTP {status}: {message if message is not None else _snippet(body)}")
-    key = "is_sleeping" if method == "is_sleeping" else "success"
-    if not body.strip():
-        return failed(NO_SUCCESS_FIELD if key == "success" else "empty response body")
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return failed(f"response is not JSON: {_snippet(body)}")
-    if not isinstance(data, dict) or key not in data:
-        if key == "success":
-            return failed(NO_SUCCESS_FIELD)
-        return failed(f"response has no {key!r}: {_snippet(body)}")
-    return EngineOutcome(label, Outcome.OK, data[key], duration_s=duration_s)
-
-
-def _snippet(body: bytes) -> str:
-    return _clip(body.decode("utf-8", "replace").strip()) or "(empty body)"

@@ -120,6 +120,14 @@ async def test_agreeing_targets_are_consistent_and_ready(
     assert value(text, "vllm_dp_engine_up", engine="1") == 1
     async with ex.session.get(f"{ex.url}/readyz") as resp:
         assert resp.status == 200
+    # Each target's vLLM version comes from GET /version, off the poll path.
+    for _ in range(50):
+        await ex.poll()
+        text = await ex.metrics()
+        if value(text, "vllm_dp_engine_info", engine="1", vllm_version="0.33.0") == 1:
+            break
+    else:
+        raise AssertionError("vllm_dp_engine_info never got the targets' vLLM version")
     # A target going to sleep differently flips the fleet to inconsistent.
     for engine in b.sim.engines:
         engine._wake_up(None)
@@ -263,6 +271,12 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     a = await start_api(engines=1)
     b = await start_api(engines=1, engine_options=[SimOptions(sleeping=True)])
     http = await start_exporter(http_config([a.url, b.url]))
+    # The targets' versions (engine_info) arrive from GET /version shortly after they answer.
+    for _ in range(50):
+        await http.poll()
+        if all(d.vllm_version for d in http.exporter.client.engine_details()):
+            break
+        await asyncio.sleep(0.02)
     await http.poll()
     await owner_exporter.poll()
     for ex in (http, owner_exporter):
@@ -275,9 +289,9 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     zmq_labels, http_labels = label_names(zmq_text), label_names(http_text)
     for name in set(zmq_labels) & set(http_labels):
         assert http_labels[name] == zmq_labels[name], name
-    # Only what the HTTP dev routes cannot tell is missing: engine_info (no registration
-    # message) and engine_paused (no is_scheduler_paused route).
-    assert set(zmq_labels) - set(http_labels) == {"vllm_dp_engine_info", "vllm_dp_engine_paused"}
+    # Only what the HTTP dev routes cannot tell is missing: engine_paused (no
+    # is_scheduler_paused route). engine_info comes from GET /version once a target answered.
+    assert set(zmq_labels) - set(http_labels) == {"vllm_dp_engine_paused"}
     assert set(http_labels) <= set(zmq_labels)
     # Same engine label values for the same positions (no names given: "0", "1").
     assert {lbl["engine"] for n, lbl, _ in samples(http_text) if n == "vllm_dp_engine_up"} == {
