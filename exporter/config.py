@@ -101,7 +101,7 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("admin_token_file", str, "file holding the admin bearer token"),
     ("poll_interval", float, "seconds between polls"),
     ("call_timeout", float, "seconds to wait for one engine's utility reply"),
-    ("poll_jitter", float, "poll interval jitter as a fraction (0.1 = ±10%)"),
+    ("poll_jitter", float, "poll interval jitter as a fraction (0.1 = ±10%%)"),
     ("model_name", str, "adds a model_name label to every series"),
     ("reset_min_interval", float, "minimum seconds between two prefix-cache resets"),
     ("reset_timeout", float, "seconds to wait for reset replies (default: call timeout)"),
@@ -113,8 +113,13 @@ _TYPES = {name: conv for name, conv, _ in OPTIONS}
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags default to None so that environment and file values can fill the gaps."""
+    defaults = {f.name: f.default for f in fields(ServeConfig)}
     for name, conv, text in OPTIONS:
         flag = "--" + name.replace("_", "-")
+        default = defaults.get(name)
+        if default not in (None, "", (), 0) or name == "start_rank":
+            text = f"{text} (default: {default})"
+        text += f"; env {ENV_PREFIX}{name.upper()}"
         if name == "http_target":
             parser.add_argument(flag, action="append", default=None, help=text)
         else:
