@@ -16,25 +16,10 @@ import zmq.asyncio
 
 from exporter.error import ProtocolError
 from exporter.protocol import HELLO, READY, decode_handshake_message, encode_init
-from exporter.transport.dataplane import (
-    MAX_FRAME_BYTES,
-    ZMQ_MAX_MSG_BYTES,
-    EngineDataPlane,
-    EngineLink,
-    EngineUnavailable,
-    FleetShape,
-    Phase,
-)
+from exporter.transport.dataplane import EngineDataPlane, EngineLink, FleetShape, Phase
 from exporter.transport.events import ProtocolErrorTally, TransportListener
 
-__all__ = [
-    "MAX_FRAME_BYTES",
-    "ZMQ_MAX_MSG_BYTES",
-    "EngineUnavailable",
-    "OwnerConfig",
-    "OwnerTransport",
-    "Phase",
-]
+__all__ = ["OwnerConfig", "OwnerTransport", "Phase"]
 
 log = logging.getLogger("exporter.transport")
 
