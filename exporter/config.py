@@ -18,6 +18,10 @@ from typing import Any
 from exporter.error import ConfigError
 
 ENV_PREFIX = "VLLM_DP_EXPORTER_"
+#: An engine waits 5 minutes for INIT from the moment it sent HELLO. The relay drops a HELLO
+#: still queued for the front end a little before that, so a front end that comes up late never
+#: receives a HELLO from an engine that has already given up.
+RELAY_UPSTREAM_TIMEOUT_S = 295.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ServeConfig:
     fixed_base_port: int | None = None
     upstream_handshake_address: str | None = None
     state_file: str | None = None
+    relay_upstream_timeout: float = RELAY_UPSTREAM_TIMEOUT_S
     http_target: tuple[str, ...] = ()
     http_targets_file: str | None = None
     http_token_file: str | None = None
@@ -93,6 +98,11 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("fixed_base_port", int, "bind input at PORT and engine i's output at PORT+1+i (reattach)"),
     ("upstream_handshake_address", str, "relay mode: the vLLM front end's handshake address"),
     ("state_file", str, "relay mode: where to remember engines across exporter restarts"),
+    (
+        "relay_upstream_timeout",
+        float,
+        "relay mode: seconds to wait for the front end's INIT (engines give up after 300)",
+    ),
     ("http_target", str, "http mode: a vLLM API server URL, optionally NAME=URL (repeatable)"),
     ("http_targets_file", str, "http mode: file with one target per line"),
     ("http_token_file", str, "http mode: bearer token for the targets"),
@@ -230,6 +240,8 @@ def validate(config: ServeConfig) -> ServeConfig:
             raise ConfigError("--start-rank/--engine-count: engine indices must fit in 0..65535")
     if c.attach == "relay" and not c.upstream_handshake_address:
         raise ConfigError("--attach relay needs --upstream-handshake-address")
+    if not 0 < c.relay_upstream_timeout <= 300:
+        raise ConfigError("--relay-upstream-timeout must be in (0, 300]: engines wait 5 minutes")
     if c.attach == "http" and not (c.http_target or c.http_targets_file):
         raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
     for name in ("poll_interval", "call_timeout"):

@@ -88,8 +88,11 @@ class OwnerTransport(EngineDataPlane):
                 "duplicate_hello",
                 f"engine {link.engine_index} sent HELLO while its handshake is in progress",
             )
-        if link.phase in (Phase.UP, Phase.DEAD, Phase.RESTORED) or link.handshakes:
+        if link.phase in (Phase.UP, Phase.DEAD) or link.handshakes:
             log.warning("engine %d restarted: handshaking again", link.engine_index)
+            self._listener.on_engine_down(link.engine_index, "restarted")
+        elif link.phase is Phase.RESTORED:
+            # Fixed ports, but this engine starts afresh: it was never ours to reattach.
             self._listener.on_engine_down(link.engine_index, "restarted")
         link.ready = link.registered = False
         link.slot = 0

@@ -44,7 +44,7 @@ import zmq
 import zmq.asyncio
 
 from exporter.client import EngineCoreClient
-from exporter.config import ServeConfig
+from exporter.config import RELAY_UPSTREAM_TIMEOUT_S, ServeConfig
 from exporter.error import ProtocolError
 from exporter.protocol import HELLO, READY, decode_handshake_message, engine_identity
 from exporter.protocol.relay import append_client_slot
@@ -65,11 +65,6 @@ log = logging.getLogger("exporter.transport.relay")
 
 #: Linger of the upstream DEALER after READY: the engine's own handshake DEALER uses 5000 ms.
 UPSTREAM_LINGER_MS = 5000
-#: An engine waits 5 minutes for INIT (``HANDSHAKE_TIMEOUT_MINS``) from the moment it sent
-#: HELLO. The relay drops a still-queued HELLO a little *before* that, so a front end that comes
-#: up late never receives a HELLO from an engine that has already given up (it would send INIT
-#: into the void and wait for READY forever).
-UPSTREAM_TIMEOUT_S = 295.0
 
 
 @dataclass(kw_only=True)
@@ -79,7 +74,7 @@ class RelayConfig(FleetShape):
     handshake_address: str
     upstream_handshake_address: str
     state_file: str | None = None
-    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
+    upstream_timeout_s: float = RELAY_UPSTREAM_TIMEOUT_S
     upstream_linger_ms: int = UPSTREAM_LINGER_MS
 
     def __post_init__(self) -> None:
@@ -356,6 +351,7 @@ def relay_config(config: ServeConfig) -> RelayConfig:
         handshake_address=config.handshake_address,
         upstream_handshake_address=config.upstream_handshake_address,
         state_file=config.state_file,
+        upstream_timeout_s=config.relay_upstream_timeout,
         **config.fleet_shape(),
     )
 

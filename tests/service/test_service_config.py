@@ -127,9 +127,11 @@ async def test_cli_refuses_public_admin_without_token() -> None:
         "--listen",
         "127.0.0.1:0",
         "--admin-listen",
-        "0.0.0.0:0",
+        # A documentation address (TEST-NET-1): non-loopback, and never assigned to this host,
+        # so even a regressed check could not bind it.
+        "192.0.2.1:0",
         timeout_s=20,
     )
     assert code != 0
-    assert "token" in err and "0.0.0.0" in err
+    assert "token" in err and "192.0.2.1" in err
     assert "Traceback" not in err
