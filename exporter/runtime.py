@@ -81,8 +81,10 @@ class Exporter:
         """Changes whenever anything a scrape renders changes (a poll, an admin request, a
         protocol error, a relayed handshake): scrapes in between reuse the rendered body."""
         st = self.stats
+        snap = self.poller.snapshot  # immutable once published: its number identifies it
         return (
-            id(self.poller.snapshot),
+            snap.poll_number,
+            snap.connected,  # before the first poll, handshakes still change the picture
             st.polls,
             sum(st.admin_requests.values()),
             sum(self.errors.counts.values()),
