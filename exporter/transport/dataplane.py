@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import cast
 
 import zmq
 import zmq.asyncio
-import zmq.backend
 from zmq.utils.monitor import parse_monitor_message
 
 from exporter.error import HandshakeError, ProtocolError
@@ -37,94 +34,31 @@ from exporter.protocol import (
     engine_identity,
 )
 from exporter.transport.events import EngineLinkView, ProtocolErrorTally, TransportListener
+from exporter.transport.links import (
+    MAX_FRAME_BYTES,
+    MONITOR_EVENTS,
+    NOBLOCK,
+    SNDMORE_NOBLOCK,
+    ZMQ_MAX_MSG_BYTES,
+    EngineLink,
+    EngineUnavailable,
+    FleetShape,
+    Phase,
+    recv_message,
+    send_frame,
+)
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "ZMQ_MAX_MSG_BYTES",
+    "EngineDataPlane",
+    "EngineLink",
+    "EngineUnavailable",
+    "FleetShape",
+    "Phase",
+]
 
 log = logging.getLogger("exporter.transport")
-
-#: Frames above this are dropped and counted as ``oversized_frame`` before any decoding.
-MAX_FRAME_BYTES = 1024 * 1024
-#: Hard limit enforced by ZMQ itself: a peer sending more is disconnected.
-ZMQ_MAX_MSG_BYTES = 16 * 1024 * 1024
-#: Monitor events of an output PULL: its peers connecting and going away. A PULL's peers are
-#: normally just its engine; when the last one goes, the engine died or restarted.
-_MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-
-
-# The hot path calls the Cython socket methods with plain int flags: pyzmq's Python wrappers
-# and enum flags cost more per frame than the send itself (docs/benchmarks.md, "Profile").
-_NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
-_send = cast(Callable[..., None], zmq.backend.Socket.send)
-_recv = cast(Callable[..., zmq.Frame], zmq.backend.Socket.recv)
-
-
-def _recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
-    """The next message's frames, or None when nothing is queued.
-
-    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD).
-    Frames are received without copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
-    try:
-        frame = _recv(sock, _NOBLOCK, copy=False)
-    except zmq.Again:
-        return None
-    frames = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, _NOBLOCK, copy=False)
-        frames.append(frame.bytes)
-    return frames
-
-
-class Phase(enum.Enum):
-    IDLE = "idle"  # no handshake seen
-    HELLO_SENT = "hello_sent"  # relay: HELLO forwarded upstream, waiting for the front end's INIT
-    INIT_SENT = "init_sent"  # INIT delivered, waiting for READY and the registration
-    UP = "up"  # READY and registration both received
-    RESTORED = "restored"  # reattaching without a handshake; UP once the engine answers
-    DEAD = "dead"  # ENGINE_CORE_DEAD received; a new HELLO revives it
-
-
-class EngineUnavailable(Exception):
-    """The engine cannot be sent to (not handshaken, dead, or not routable)."""
-
-
-@dataclass
-class FleetShape:
-    """Which engines, and where the data-plane sockets bind."""
-
-    engine_count: int
-    start_rank: int = 0
-    advertise_host: str = "127.0.0.1"
-    bind_host: str | None = None
-    #: Fixed ports: input ROUTER at ``fixed_base_port``, engine offset i's PULL at base+1+i.
-    #: With fixed ports a restarted exporter reattaches to engines that reconnect on their own.
-    fixed_base_port: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.engine_count < 1:
-            raise ValueError("engine_count must be at least 1")
-        if self.start_rank < 0 or self.start_rank + self.engine_count > 0x10000:
-            raise ValueError("engine ranks must fit in 0..65535")
-
-    @property
-    def engine_indices(self) -> range:
-        return range(self.start_rank, self.start_rank + self.engine_count)
-
-
-@dataclass
-class EngineLink:
-    """One engine as the exporter sees it."""
-
-    engine_index: int
-    identity: bytes
-    output_address: str = ""
-    phase: Phase = Phase.IDLE
-    #: The exporter's client_index on this engine; None while it has no slot.
-    slot: int | None = None
-    ready: bool = False
-    registered: bool = False
-    handshakes: int = 0
-    registration: RegistrationInfo | None = None
-    pull: zmq.Socket[bytes] | None = field(default=None, repr=False)
-    monitor: zmq.Socket[bytes] | None = field(default=None, repr=False)
-    live_peers: set[int] = field(default_factory=set, repr=False)
 
 
 class EngineDataPlane:
@@ -181,7 +115,7 @@ class EngineDataPlane:
         """A plain PAIR receiving ``sock``'s connection events (not ``get_monitor_socket``,
         which would make a zmq.asyncio socket on this context)."""
         address = f"inproc://exporter-monitor-{id(self)}-{id(sock)}"
-        sock.monitor(address, _MONITOR_EVENTS)
+        sock.monitor(address, MONITOR_EVENTS)
         pair: zmq.Socket[bytes] = zmq.Socket(self._ctx, zmq.PAIR)
         pair.setsockopt(zmq.LINGER, 0)
         pair.connect(address)
@@ -366,9 +300,9 @@ class EngineDataPlane:
         try:
             # SNDHWM=0 and ROUTER semantics: never blocks; EHOSTUNREACH when not routable.
             sock = self._input
-            _send(sock, link.identity, _SNDMORE_NOBLOCK)
-            _send(sock, UTILITY_REQUEST_TYPE, _SNDMORE_NOBLOCK)
-            _send(sock, payload, _NOBLOCK)
+            send_frame(sock, link.identity, SNDMORE_NOBLOCK)
+            send_frame(sock, UTILITY_REQUEST_TYPE, SNDMORE_NOBLOCK)
+            send_frame(sock, payload, NOBLOCK)
         except zmq.ZMQError as exc:
             raise EngineUnavailable(f"engine {engine_index} is not routable: {exc}") from None
         finally:
@@ -382,7 +316,7 @@ class EngineDataPlane:
     def _drain_input(self) -> None:
         self._input_check_scheduled = False
         sock = self._input
-        while sock is not None and (frames := _recv_message(sock)) is not None:
+        while sock is not None and (frames := recv_message(sock)) is not None:
             try:
                 self._on_input_frames(frames)
             except ProtocolError as exc:
@@ -412,7 +346,7 @@ class EngineDataPlane:
 
     def _drain_output(self, link: EngineLink) -> None:
         sock = link.pull
-        while sock is not None and (frames := _recv_message(sock)) is not None:
+        while sock is not None and (frames := recv_message(sock)) is not None:
             try:
                 self._on_output_frames(link, frames)
             except Exception:  # one bad frame must not stop the drain
@@ -464,7 +398,7 @@ class EngineDataPlane:
         connected, a SIGKILLed engine is noticed by its call timeout instead.)
         """
         sock = link.monitor
-        while sock is not None and (frames := _recv_message(sock)) is not None:
+        while sock is not None and (frames := recv_message(sock)) is not None:
             try:
                 event = parse_monitor_message(frames)
             except Exception:  # a malformed monitor frame is not actionable

@@ -1,0 +1,99 @@
+"""Per-engine link state and the raw-socket helpers of the data plane (no I/O loops here)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+import zmq
+import zmq.backend
+
+from exporter.protocol import RegistrationInfo
+
+#: Frames above this are dropped and counted as ``oversized_frame`` before any decoding.
+MAX_FRAME_BYTES = 1024 * 1024
+#: Hard limit enforced by ZMQ itself: a peer sending more is disconnected.
+ZMQ_MAX_MSG_BYTES = 16 * 1024 * 1024
+#: Monitor events of an output PULL: its peers connecting and going away. A PULL's peers are
+#: normally just its engine; when the last one goes, the engine died or restarted.
+MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+
+
+# The hot path calls the Cython socket methods with plain int flags: pyzmq's Python wrappers
+# and enum flags cost more per frame than the send itself (docs/benchmarks.md, "Profile").
+NOBLOCK, SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+send_frame = cast(Callable[..., None], zmq.backend.Socket.send)
+recv_frame = cast(Callable[..., zmq.Frame], zmq.backend.Socket.recv)
+
+
+def recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+    """The next message's frames, or None when nothing is queued.
+
+    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD).
+    Frames are received without copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
+    try:
+        frame = recv_frame(sock, NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    frames = [frame.bytes]
+    while frame.more:
+        frame = recv_frame(sock, NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # no handshake seen
+    HELLO_SENT = "hello_sent"  # relay: HELLO forwarded upstream, waiting for the front end's INIT
+    INIT_SENT = "init_sent"  # INIT delivered, waiting for READY and the registration
+    UP = "up"  # READY and registration both received
+    RESTORED = "restored"  # reattaching without a handshake; UP once the engine answers
+    DEAD = "dead"  # ENGINE_CORE_DEAD received; a new HELLO revives it
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot be sent to (not handshaken, dead, or not routable)."""
+
+
+@dataclass
+class FleetShape:
+    """Which engines, and where the data-plane sockets bind."""
+
+    engine_count: int
+    start_rank: int = 0
+    advertise_host: str = "127.0.0.1"
+    bind_host: str | None = None
+    #: Fixed ports: input ROUTER at ``fixed_base_port``, engine offset i's PULL at base+1+i.
+    #: With fixed ports a restarted exporter reattaches to engines that reconnect on their own.
+    fixed_base_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine_count < 1:
+            raise ValueError("engine_count must be at least 1")
+        if self.start_rank < 0 or self.start_rank + self.engine_count > 0x10000:
+            raise ValueError("engine ranks must fit in 0..65535")
+
+    @property
+    def engine_indices(self) -> range:
+        return range(self.start_rank, self.start_rank + self.engine_count)
+
+
+@dataclass
+class EngineLink:
+    """One engine as the exporter sees it."""
+
+    engine_index: int
+    identity: bytes
+    output_address: str = ""
+    phase: Phase = Phase.IDLE
+    #: The exporter's client_index on this engine; None while it has no slot.
+    slot: int | None = None
+    ready: bool = False
+    registered: bool = False
+    handshakes: int = 0
+    registration: RegistrationInfo | None = None
+    pull: zmq.Socket[bytes] | None = field(default=None, repr=False)
+    monitor: zmq.Socket[bytes] | None = field(default=None, repr=False)
+    live_peers: set[int] = field(default_factory=set, repr=False)
