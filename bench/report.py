@@ -254,7 +254,7 @@ def _scrape_table(report: Report) -> list[str]:
     out = [
         "## 2. Scrape: `/metrics` render time and body size",
         "",
-        "`exporter.metrics.render_text(exporter.collector)`: the collector plus the text "
+        "`exporter.exposition.render_text(exporter.collector.families())`: the rows plus the text "
         "encoder, what the `/metrics` handler runs (before gzip) when its per-state cache misses, "
         "i.e. once per poll; scrapes between two polls reuse that body. Checked byte-identical "
         "to `prometheus_client.exposition.generate_latest` in the same run. In-process, on the "

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.aggregate import AllTrueVerdict, Outcome, aggregate_all_true
-from exporter.probe import reset_args
+from exporter.protocol import reset_args
 from exporter.runtime import Exporter
 
 log = logging.getLogger("exporter.admin")

@@ -21,6 +21,7 @@ from exporter.aggregate import (
 )
 from exporter.client import EngineCoreClient
 from exporter.error import HandshakeError
+from exporter.protocol import reset_args
 from exporter.transport.events import ProtocolErrorTally
 from exporter.transport.owner import OwnerConfig, OwnerTransport
 
@@ -35,15 +36,6 @@ class ProbeOptions:
     reset_prefix_cache: bool = False
     reset_running_requests: bool = False
     reset_connector: bool = False
-
-
-def reset_args(reset_running_requests: bool, reset_connector: bool) -> tuple[bool, ...]:
-    """Both flags false → no arguments, which every vLLM version since 0.7 accepts."""
-    if reset_connector:
-        return (reset_running_requests, True)
-    if reset_running_requests:
-        return (True,)
-    return ()
 
 
 def outcome_json(o: EngineOutcome) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from exporter.protocol.utility import (
     decode_utility_request,
     encode_utility_reply,
     encode_utility_request,
+    reset_args,
     unwrap_result,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "engine_identity",
     "identity_engine_index",
     "registration_map",
+    "reset_args",
     "unwrap_result",
 ]

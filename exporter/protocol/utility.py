@@ -146,3 +146,12 @@ def encode_utility_reply(
     return _request_encoder.encode(
         [engine_index, [], None, float(timestamp), utility, None, None, None, None]
     )
+
+
+def reset_args(reset_running_requests: bool, reset_connector: bool) -> tuple[bool, ...]:
+    """Both flags false → no arguments, which every vLLM version since 0.7 accepts."""
+    if reset_connector:
+        return (reset_running_requests, True)
+    if reset_running_requests:
+        return (True,)
+    return ()
