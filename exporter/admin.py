@@ -1,8 +1,10 @@
 """The admin listener: ``POST /admin/reset_prefix_cache`` on every engine, AND semantics.
 
 Secured by default: bearer token compared in constant time (never logged), failed tokens rate
-limited, one reset at a time (409), Idempotency-Key replay, a minimum interval (429), small
-request limits, POST only (405). Every request leaves one JSON audit line on stderr.
+limited per source address (a correct token is always accepted), one reset at a time (409),
+Idempotency-Key replay (``exporter.admin_guard``), a minimum interval (429), small request
+bodies, chunked or not (413), POST only (405). Every request leaves one JSON audit line on
+stderr.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import logging
 import math
 import sys
 import time
-from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from exporter.aggregate import AllTrueVerdict, Outcome, aggregate_all_true
+from exporter.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
+from exporter.aggregate import AllTrueVerdict, aggregate_all_true
+from exporter.fleet import Outcome
 from exporter.protocol import reset_args
 from exporter.runtime import Exporter
 
@@ -30,9 +34,10 @@ log = logging.getLogger("exporter.admin")
 RESET_PATH = "/admin/reset_prefix_cache"
 ADMIN_SHUTDOWN_KEY: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("admin_shutdown")
 MAX_ADMIN_BODY = 1024
-IDEMPOTENCY_TTL_S = 600.0
-IDEMPOTENCY_MAX_KEYS = 256
-AUTH_FAILURES_PER_MINUTE = 5
+#: A request body (chunked or not) must arrive within this many seconds (408 otherwise).
+BODY_TIMEOUT_S = 5.0
+#: Answers of completed resets: stored and replayed for Idempotency-Key retries.
+STORED_STATUSES = frozenset({200, 502})
 
 
 class BadRequest(Exception):
@@ -98,6 +103,37 @@ def reset_body(
     }
 
 
+async def read_body_bounded(
+    request: web.Request, limit: int, timeout_s: float
+) -> tuple[int, str] | None:
+    """Read (and drop) the request body, chunked or not, never more than ``limit`` + 1 bytes
+    and for at most ``timeout_s``. Returns None, or the status and error to answer."""
+    if request.content_length is not None and request.content_length > limit:
+        return 413, "request body too large"
+
+    async def drain() -> bool:
+        size = 0
+        while True:
+            chunk = await request.content.read(limit + 1 - size)
+            if not chunk:
+                return True
+            size += len(chunk)
+            if size > limit:
+                return False
+
+    try:
+        within = await asyncio.wait_for(drain(), timeout_s)
+    except asyncio.TimeoutError:
+        return 408, "request body not received in time"
+    except (
+        ConnectionError,
+        aiohttp.ClientPayloadError,
+        aiohttp.http_exceptions.HttpProcessingError,
+    ):
+        return 400, "request body incomplete"
+    return None if within else (413, "request body too large")
+
+
 def stderr_audit(record: dict[str, Any]) -> None:
     print(json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)
 
@@ -117,42 +153,24 @@ class AdminController:
         self._clock = clock
         self._inflight: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
         self._last_reset: float | None = None
-        self._idempotent: OrderedDict[str, tuple[float, int, dict[str, Any]]] = OrderedDict()
-        self._auth_failures: deque[float] = deque()
+        self.idempotency = IdempotencyStore(clock=clock)
+        self.auth_throttle = AuthThrottle(clock=clock)
+        token = exporter.config.admin_token
+        self._token = token.encode() if token is not None else None
 
     # -- checks ----------------------------------------------------------------------------
 
     def _token_ok(self, request: web.Request) -> bool:
-        token = self.exporter.config.admin_token
-        if token is None:
+        """Constant-time comparison of the raw bytes presented (aiohttp hands header bytes
+        that are not UTF-8 over as surrogate escapes; they are turned back into the bytes)."""
+        if self._token is None:
             return True
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer":
             presented = ""
-        return hmac.compare_digest(presented.strip().encode(), token.encode())
-
-    def _auth_locked_out(self) -> float:
-        """Seconds until another token attempt is allowed (0 when allowed)."""
-        now = self._clock()
-        while self._auth_failures and now - self._auth_failures[0] > 60.0:
-            self._auth_failures.popleft()
-        if len(self._auth_failures) >= AUTH_FAILURES_PER_MINUTE:
-            return 60.0 - (now - self._auth_failures[0])
-        return 0.0
-
-    def _cached(self, key: str) -> tuple[int, dict[str, Any]] | None:
-        now = self._clock()
-        for old, (expires, _, _) in list(self._idempotent.items()):
-            if expires < now:
-                del self._idempotent[old]
-        hit = self._idempotent.get(key)
-        return (hit[1], hit[2]) if hit else None
-
-    def _remember(self, key: str, status: int, body: dict[str, Any]) -> None:
-        self._idempotent[key] = (self._clock() + IDEMPOTENCY_TTL_S, status, body)
-        while len(self._idempotent) > IDEMPOTENCY_MAX_KEYS:
-            self._idempotent.popitem(last=False)
+        raw = presented.strip().encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(raw, self._token)
 
     # -- the request -----------------------------------------------------------------------
 
@@ -164,7 +182,12 @@ class AdminController:
             "action": "reset_prefix_cache",
             "client": request.remote,
         }
-        status, body, headers = await self._decide(request, audit)
+        try:
+            status, body, headers = await self._decide(request, audit)
+        except Exception:  # a bug: still answered, audited and counted, never a bare 500
+            log.exception("admin request failed")
+            audit["outcome"] = "internal_error"
+            status, body, headers = 500, {"error": "internal error"}, {}
         audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
         self.exporter.stats.admin_requests[("reset_prefix_cache", str(status))] += 1
         self._audit(audit)
@@ -173,40 +196,53 @@ class AdminController:
     async def _decide(
         self, request: web.Request, audit: dict[str, Any]
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        retry = self._auth_locked_out()
-        if retry > 0:
-            audit["outcome"] = "auth_rate_limited"
-            return (
-                429,
-                {"error": "too many failed authentication attempts"},
-                {"Retry-After": str(math.ceil(retry))},
-            )
         if not self._token_ok(request):
-            self._auth_failures.append(self._clock())
+            # Only failed attempts are throttled, and per source: a correct token is always
+            # accepted, whatever strangers (or this address) tried before.
+            source = source_key(request.remote)
+            retry = self.auth_throttle.retry_after(source)
+            if retry > 0:
+                audit["outcome"] = "auth_rate_limited"
+                return (
+                    429,
+                    {"error": "too many failed authentication attempts"},
+                    {"Retry-After": str(math.ceil(retry))},
+                )
+            self.auth_throttle.record_failure(source)
             audit["outcome"] = "unauthorized"
             return (
                 401,
                 {"error": "missing or invalid bearer token"},
                 {"WWW-Authenticate": 'Bearer realm="vllm-dp-exporter"'},
             )
-        if request.content_length and request.content_length > MAX_ADMIN_BODY:
+        problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
+        if problem is not None:
             audit["outcome"] = "bad_request"
-            return 413, {"error": "request body too large"}, {}
+            return problem[0], {"error": problem[1]}, {}
         try:
             flags = parse_reset_flags({k: request.query.getall(k) for k in request.query})
         except BadRequest as exc:
             audit["outcome"] = "bad_request"
             return 400, {"error": str(exc)}, {}
         audit["flags"] = flags
+        fingerprint = tuple(sorted(flags.items()))
         key = request.headers.get("Idempotency-Key")
         if key is not None:
             if not 0 < len(key) <= 200:
                 audit["outcome"] = "bad_request"
                 return 400, {"error": "Idempotency-Key must be 1-200 characters"}, {}
-            cached = self._cached(key)
-            if cached is not None:
+            seen = self.idempotency.check(key, fingerprint)
+            if seen == "mismatch":
+                audit["outcome"] = "idempotency_key_reused"
+                error = "this Idempotency-Key was used with other parameters; use a new key"
+                return 422, {"error": error}, {}
+            if seen == "in_flight":
+                audit["outcome"] = "conflict"
+                error = "a request with this Idempotency-Key is still running; retry later"
+                return 409, {"error": error}, {}
+            if isinstance(seen, Replay):
                 audit["outcome"] = "idempotent_replay"
-                return cached[0], cached[1], {"Idempotency-Replayed": "true"}
+                return seen.status, seen.body, {"Idempotency-Replayed": "true"}
         if self._inflight is not None and not self._inflight.done():
             audit["outcome"] = "conflict"
             return 409, {"error": "a prefix-cache reset is already running"}, {}
@@ -221,14 +257,25 @@ class AdminController:
                     {"Retry-After": str(math.ceil(wait))},
                 )
         self._last_reset = self._clock()
-        self._inflight = asyncio.create_task(self._reset(flags))
+        self._inflight = asyncio.create_task(self._keyed_reset(flags, key))
+        if key is not None:  # held from now on, released however the task ends
+            self.idempotency.begin(key, fingerprint)
+            self._inflight.add_done_callback(lambda _: self.idempotency.finish(key, None))
         # Shielded: a client that hangs up does not cut a fan-out in half.
         status, body = await asyncio.shield(self._inflight)
         audit["outcome"] = body.get("outcome", "failure")
         audit["failed_engines"] = body.get("failed_engines", [])
-        if key is not None:
-            self._remember(key, status, body)
         return status, body, {}
+
+    async def _keyed_reset(
+        self, flags: dict[str, bool], key: str | None
+    ) -> tuple[int, dict[str, Any]]:
+        """The reset; its Idempotency-Key's answer is stored only when the reset completed
+        (200 or 502; not 503 "no engine connected")."""
+        status, body = await self._reset(flags)
+        if key is not None and status in STORED_STATUSES:
+            self.idempotency.finish(key, Replay(status, body))
+        return status, body
 
     async def _reset(self, flags: dict[str, bool]) -> tuple[int, dict[str, Any]]:
         exporter = self.exporter

@@ -12,34 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.error import InconsistentUtilityResults, NoEngines
-
-
-class Outcome(str, enum.Enum):
-    """What happened to one engine's utility call."""
-
-    OK = "ok"
-    FAILED = "failed"  # the engine answered with a failure message
-    TIMEOUT = "timeout"  # no answer within the call timeout
-    DISCONNECTED = "disconnected"  # not connected, not routable, dead or restarted
-    INCONSISTENT = "inconsistent"  # an HTTP target whose own engines disagreed
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOutcome:
-    """One engine's (or HTTP target's) outcome for one call."""
-
-    engine: str
-    outcome: Outcome
-    value: Any = None
-    error: str | None = None
-    shutting_down: bool = False
-    duration_s: float | None = None
-    #: For an INCONSISTENT HTTP target: the values its own engines returned.
-    values: tuple[Any, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is Outcome.OK
+from exporter.fleet import EngineOutcome, Outcome
 
 
 class FleetState(str, enum.Enum):

@@ -10,10 +10,12 @@ from collections.abc import Sequence
 
 from exporter import __version__
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
+        level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -60,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per-engine sleep state, consistency and prefix-cache resets for vLLM DP.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="debug, info, warning, error or critical, any case (default: info)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_probe(sub)
     _add_sim_engine(sub)

@@ -1,8 +1,8 @@
 """Utility calls over the engine-core protocol: call ids, futures, timeouts and fan-out.
 
-``FleetClient`` is the one small interface every attach mode implements (owner and relay over
-ZMQ here, HTTP dev endpoints in ``exporter.transport.http``); the poller, the admin endpoint and
-the probe only ever see that interface and per-engine ``EngineOutcome``s.
+``EngineCoreClient`` is the ``FleetClient`` of owner and relay mode. It builds its transport
+itself, from a factory that receives the client as the transport's listener, so wiring goes one
+way and there is never a half-built client or transport.
 """
 
 from __future__ import annotations
@@ -15,51 +15,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exporter.aggregate import EngineOutcome, Outcome
-from exporter.error import MethodNotAllowed
+from exporter.error import EngineUnavailable, MethodNotAllowed
+from exporter.faults import ProtocolErrorTally
+from exporter.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    SHUTTING_DOWN,
+    ChangeCallback,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+)
 from exporter.protocol import UINT64_MAX, EngineOutput, encode_utility_request
-from exporter.transport.events import EngineLinkView, ProtocolErrorTally
+from exporter.tasks import watch
+from exporter.transport.events import EngineLinkView, TransportListener
 
 log = logging.getLogger("exporter.client")
 
-#: Methods the exporter may send. Anything else could change an engine's state or kill it.
-DEFAULT_ALLOWED_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "reset_prefix_cache"})
-SHUTTING_DOWN = "Server shutting down"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineDetail:
-    """What the status page shows about one engine beside its poll results."""
-
-    engine: str
-    connected: bool
-    address: str
-    vllm_version: str | None = None
-    enable_sleep_mode: bool | None = None
-    handshakes: int = 0
-
-
-class FleetClient(Protocol):
-    """One outcome per engine for every call: the interface all attach modes implement."""
-
-    @property
-    def engine_labels(self) -> list[str]: ...
-
-    def engine_details(self) -> list[EngineDetail]: ...
-
-    def connected_count(self) -> int: ...
-
-    def supports(self, method: str) -> bool:
-        """Whether this attach mode can ask ``method`` at all (HTTP has no paused route)."""
-        ...
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def call_utility(
-        self, method: str, args: tuple[Any, ...] = (), *, timeout_s: float
-    ) -> list[EngineOutcome]: ...
+#: How long an engine whose ENGINE_CORE_DEAD came from an unknown connection gets to prove it
+#: is alive by answering ``is_sleeping`` before it is given up.
+DEATH_CONFIRM_TIMEOUT_S = 2.0
 
 
 class ZmqTransport(Protocol):
@@ -76,9 +50,14 @@ class ZmqTransport(Protocol):
 
     def send_utility(self, engine_index: int, payload: bytes) -> None: ...
 
+    def confirm_dead(self, engine_index: int) -> None: ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+TransportFactory = Callable[[TransportListener], ZmqTransport]
 
 
 class _FanOut:
@@ -87,9 +66,11 @@ class _FanOut:
 
     __slots__ = ("done", "remaining", "results")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, expected: int) -> None:
         self.done: asyncio.Future[None] = loop.create_future()
-        self.remaining = 0
+        # Every engine counts from the start: an engine refused at send time resolves its own
+        # outcome without completing the fan-out for the engines not sent to yet.
+        self.remaining = expected
         self.results: dict[int, EngineOutcome] = {}
 
     def resolve(self, engine_index: int, outcome: EngineOutcome) -> None:
@@ -116,28 +97,23 @@ class EngineCoreClient:
 
     def __init__(
         self,
+        make_transport: TransportFactory,
         errors: ProtocolErrorTally,
         *,
+        on_change: ChangeCallback | None = None,
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
+        death_confirm_timeout_s: float = DEATH_CONFIRM_TIMEOUT_S,
     ) -> None:
         self._errors = errors
         self._allowed = allowed_methods
+        self._on_change = on_change
+        self._death_confirm_timeout_s = death_confirm_timeout_s
         self._pending: dict[int, _Pending] = {}
         self._labels: dict[int, str] = {}
+        self._confirming: dict[int, asyncio.Task[None]] = {}
         # Random start: a restarted exporter does not reuse the ids its predecessor had in flight.
         self._next_id = random.getrandbits(64)
-        self._transport: ZmqTransport | None = None
-        #: Called when an engine comes up or goes down, so a poll can report it at once.
-        self.on_change: Callable[[], None] | None = None
-
-    def attach(self, transport: ZmqTransport) -> None:
-        self._transport = transport
-
-    @property
-    def transport(self) -> ZmqTransport:
-        if self._transport is None:
-            raise RuntimeError("EngineCoreClient has no transport attached")
-        return self._transport
+        self.transport = make_transport(self)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -171,6 +147,9 @@ class EngineCoreClient:
         await self.transport.start()
 
     async def close(self) -> None:
+        for task in self._confirming.values():
+            task.cancel()
+        self._confirming.clear()
         for pending in self._pending.values():
             if not pending.fanout.done.done():
                 pending.fanout.done.cancel()
@@ -186,6 +165,9 @@ class EngineCoreClient:
         if label is None:
             label = self._labels[engine_index] = str(engine_index)
         return label
+
+    def _disconnected(self, engine_index: int, error: str) -> EngineOutcome:
+        return EngineOutcome(self._label(engine_index), Outcome.DISCONNECTED, error=error)
 
     def _allocate_id(self) -> int:
         call_id = self._next_id
@@ -208,28 +190,26 @@ class EngineCoreClient:
         if method not in self._allowed:
             raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
         transport = self.transport
-        indices = list(transport.engine_indices if engines is None else engines)
-        fanout = _FanOut(asyncio.get_running_loop())
+        indices = list(dict.fromkeys(transport.engine_indices if engines is None else engines))
+        fanout = _FanOut(asyncio.get_running_loop(), len(indices))
         results = fanout.results
         sent: list[int] = []
         try:
             for idx in indices:
-                call_id = self._allocate_id()
-                fanout.remaining += 1
-                self._pending[call_id] = _Pending(idx, fanout, time.perf_counter())
                 try:
-                    # The transport refuses engines that are not connected or not routable.
-                    payload = encode_utility_request(
-                        transport.client_index(idx), call_id, method, args
-                    )
-                    transport.send_utility(idx, payload)
-                except Exception as exc:  # EngineUnavailable or a socket error
-                    del self._pending[call_id]
-                    fanout.resolve(
-                        idx, EngineOutcome(self._label(idx), Outcome.DISCONNECTED, error=str(exc))
-                    )
+                    slot = transport.client_index(idx)
+                except EngineUnavailable as exc:
+                    fanout.resolve(idx, self._disconnected(idx, str(exc)))
                     continue
+                call_id = self._allocate_id()
+                payload = encode_utility_request(slot, call_id, method, args)
+                self._pending[call_id] = _Pending(idx, fanout, time.perf_counter())
                 sent.append(call_id)
+                try:
+                    transport.send_utility(idx, payload)
+                except EngineUnavailable as exc:
+                    del self._pending[call_id]
+                    fanout.resolve(idx, self._disconnected(idx, str(exc)))
             if fanout.remaining > 0:
                 await asyncio.wait((fanout.done,), timeout=timeout_s)
             for idx in indices:
@@ -249,24 +229,24 @@ class EngineCoreClient:
 
     # -- TransportListener -----------------------------------------------------------------
 
-    def on_output(self, engine_index: int, output: EngineOutput) -> None:
+    def on_output(self, engine_index: int, output: EngineOutput) -> bool:
         reply = output.utility
         if reply is None:
             self._errors.record("non_utility_output", f"engine {engine_index}: not a utility reply")
-            return
+            return False
         pending = self._pending.get(reply.call_id)
         if pending is None:
             self._errors.record(
                 "unknown_call_id", f"engine {engine_index}: reply to unknown call {reply.call_id}"
             )
-            return
+            return False
         if pending.engine_index != engine_index:
             self._errors.record(
                 "wrong_engine",
                 f"engine {engine_index} answered call {reply.call_id} sent to "
                 f"engine {pending.engine_index}",
             )
-            return
+            return False
         del self._pending[reply.call_id]
         duration = time.perf_counter() - pending.sent_at
         label = self._label(engine_index)
@@ -281,19 +261,43 @@ class EngineCoreClient:
                 duration_s=duration,
             )
         pending.fanout.resolve(engine_index, outcome)
+        return True
 
     def on_engine_up(self, engine_index: int) -> None:
-        if self.on_change is not None:
-            self.on_change()
+        if self._on_change is not None:
+            self._on_change()
 
     def on_engine_down(self, engine_index: int, reason: str) -> None:
         """Fail this engine's calls in flight at once (dead or restarted: no reply will come)."""
-        if self.on_change is not None:
-            self.on_change()
+        if self._on_change is not None:
+            self._on_change()
         for call_id, pending in list(self._pending.items()):
             if pending.engine_index == engine_index:
                 del self._pending[call_id]
-                outcome = EngineOutcome(
-                    self._label(engine_index), Outcome.DISCONNECTED, error=f"engine {reason}"
+                pending.fanout.resolve(
+                    engine_index, self._disconnected(engine_index, f"engine {reason}")
                 )
-                pending.fanout.resolve(engine_index, outcome)
+
+    def on_death_claimed(self, engine_index: int) -> None:
+        """Confirm an ENGINE_CORE_DEAD of unknown origin: an engine that still answers is
+        alive (the claim is counted as ``unconfirmed_engine_dead``); one that does not is dead.
+        One confirmation per engine at a time, whatever the number of claims."""
+        if engine_index in self._confirming:
+            return
+        task = asyncio.get_running_loop().create_task(self._confirm_death(engine_index))
+        self._confirming[engine_index] = task
+        task.add_done_callback(lambda _: self._confirming.pop(engine_index, None))
+        watch(task, "death_confirmation", self._errors)
+
+    async def _confirm_death(self, engine_index: int) -> None:
+        (outcome,) = await self.call_utility(
+            "is_sleeping", timeout_s=self._death_confirm_timeout_s, engines=[engine_index]
+        )
+        if outcome.outcome in (Outcome.OK, Outcome.FAILED):  # it answered: alive
+            self._errors.record(
+                "unconfirmed_engine_dead",
+                f"engine {engine_index}: ENGINE_CORE_DEAD from another connection, but the "
+                "engine still answers",
+            )
+        else:
+            self.transport.confirm_dead(engine_index)

@@ -1,7 +1,9 @@
 """One typed configuration for ``serve``: flags, then ``VLLM_DP_EXPORTER_*`` environment
 variables, then an optional config file (JSON, or TOML on Python 3.11+), then defaults.
 
-Everything is validated at start with messages that name the setting.
+Everything is validated at start with one-line messages that name the setting: types (a config
+file's values), ranges (``config_rules.BOUNDS``: non-finite, negative and out-of-range numbers
+are refused), files (UTF-8, a token on one line) and how settings fit together.
 """
 
 from __future__ import annotations
@@ -10,11 +12,22 @@ import argparse
 import ipaddress
 import json
 import os
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from exporter.config_rules import (
+    HIGHEST_PORT,
+    check_bounds,
+    check_type,
+    flag,
+    read_text_file,
+    read_token_file,
+    split_targets,
+    unknown_env,
+)
 from exporter.error import ConfigError
 
 ENV_PREFIX = "VLLM_DP_EXPORTER_"
@@ -119,6 +132,7 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
 )
 _TYPES = {name: conv for name, conv, _ in OPTIONS}
+_HINTS = typing.get_type_hints(ServeConfig)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,10 +152,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load_file(path: str) -> dict[str, Any]:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    text = read_text_file(path, "config file")
     try:
         if p.suffix == ".toml":
             import tomllib  # Python 3.11+
@@ -155,7 +166,15 @@ def _load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table/object at the top level")
-    return {k.replace("-", "_"): v for k, v in data.items()}
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warnings for ``VLLM_DP_EXPORTER_*`` variables that are no setting (a misspelling is
+    otherwise silently ignored)."""
+    env = os.environ if environ is None else environ
+    known = [f.name for f in fields(ServeConfig) if f.name != "admin_token"] + ["config"]
+    return unknown_env(env, ENV_PREFIX, known)
 
 
 def resolve_config(
@@ -177,20 +196,19 @@ def resolve_config(
     for name in known - {"admin_token"}:
         env_key = ENV_PREFIX + name.upper()
         if name in flags:
-            values[name] = flags[name]
+            values[name] = check_type(flag(name), flags[name], _HINTS[name])
         elif env_key in env:
             raw = env[env_key]
             try:
                 if name == "http_target":
-                    values[name] = [t for t in raw.replace(",", " ").split() if t]
+                    values[name] = tuple(split_targets(raw))
                 else:
                     values[name] = _TYPES[name](raw)
             except ValueError:
                 raise ConfigError(f"{env_key}={raw!r} is not a valid {name}") from None
         elif name in from_file:
-            values[name] = from_file[name]
-    if "http_target" in values:
-        values["http_target"] = tuple(values["http_target"])
+            where = f"config file {config_path}: {name}"
+            values[name] = check_type(where, from_file[name], _HINTS[name])
     return validate(ServeConfig(**values))
 
 
@@ -217,13 +235,7 @@ def is_loopback(host: str) -> bool:
 
 
 def _read_token(path: str) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"--admin-token-file {path}: {exc.strerror}") from None
-    if not token:
-        raise ConfigError(f"--admin-token-file {path} is empty")
-    return token
+    return read_token_file(path, "--admin-token-file")
 
 
 def validate(config: ServeConfig) -> ServeConfig:
@@ -231,26 +243,30 @@ def validate(config: ServeConfig) -> ServeConfig:
     c = config
     if c.attach not in ("owner", "relay", "http"):
         raise ConfigError(f"--attach must be owner, relay or http, got {c.attach!r}")
+    check_bounds({f.name: getattr(c, f.name) for f in fields(c)})
     if c.attach in ("owner", "relay"):
         if c.engine_count < 1:
             raise ConfigError("--engine-count must be at least 1")
         if not c.handshake_address.startswith(("tcp://", "ipc://")):
             raise ConfigError("--handshake-address must be tcp://HOST:PORT or ipc://PATH")
-        if c.start_rank < 0 or c.start_rank + c.engine_count > 65536:
+        if c.start_rank + c.engine_count > 65536:
             raise ConfigError("--start-rank/--engine-count: engine indices must fit in 0..65535")
+        # The input socket binds the base port, engine i's output base + 1 + i.
+        if c.fixed_base_port is not None and c.fixed_base_port + c.engine_count > HIGHEST_PORT:
+            raise ConfigError(
+                f"--fixed-base-port {c.fixed_base_port} with --engine-count {c.engine_count} "
+                f"needs ports up to {c.fixed_base_port + c.engine_count}; the highest is "
+                f"{HIGHEST_PORT}"
+            )
     if c.attach == "relay" and not c.upstream_handshake_address:
         raise ConfigError("--attach relay needs --upstream-handshake-address")
-    if not 0 < c.relay_upstream_timeout <= 300:
-        raise ConfigError("--relay-upstream-timeout must be in (0, 300]: engines wait 5 minutes")
     if c.attach == "http" and not (c.http_target or c.http_targets_file):
         raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
-    for name in ("poll_interval", "call_timeout"):
-        if getattr(c, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be greater than 0")
-    if not 0 <= c.poll_jitter < 1:
-        raise ConfigError("--poll-jitter must be in [0, 1)")
-    if c.reset_min_interval < 0:
-        raise ConfigError("--reset-min-interval must be >= 0")
+    if c.attach == "http":  # read here too, for the one-line error before anything starts
+        if c.http_targets_file:
+            read_text_file(c.http_targets_file, "--http-targets-file")
+        if c.http_token_file:
+            read_token_file(c.http_token_file, "--http-token-file")
     c.listen_host_port  # noqa: B018 - validates
     admin = c.admin_host_port
     token = _read_token(c.admin_token_file) if c.admin_token_file else None

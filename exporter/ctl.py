@@ -2,6 +2,10 @@
 
 Exit codes: 0 success, 2 partial failure (some engine did not confirm, or the fleet is not
 consistent), 1 any other error (unreachable exporter, bad token, bad request).
+
+Strings in the answers come from engines and peers (a vLLM version, an error text): every one
+is printed with its control characters escaped (``clean``), so none can move the cursor,
+recolour or clear the terminal, or start a fake table row.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from exporter.config_rules import read_token_file
+from exporter.error import ConfigError
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 2
 
@@ -44,8 +50,22 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def clean(value: Any) -> str:
+    """``str(value)`` with every unprintable character (C0/C1 controls such as ESC, CR, LF and
+    TAB; DEL; format characters such as bidi overrides; line and paragraph separators)
+    written as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
 def _text(value: Any) -> str:
-    return "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None:
+        return "-"
+    return str(value).lower() if isinstance(value, bool) else clean(value)
 
 
 def format_reset(body: dict[str, Any]) -> str:
@@ -58,9 +78,9 @@ def format_reset(body: dict[str, Any]) -> str:
         ]
         for e in body.get("engines", [])
     ]
-    head = f"prefix-cache reset: {body.get('outcome', 'failure')}"
+    head = f"prefix-cache reset: {clean(body.get('outcome', 'failure'))}"
     if body.get("error"):
-        head += f" ({body['error']})"
+        head += f" ({clean(body['error'])})"
     return head + "\n" + table(["ENGINE", "OK", "REASON", "ERROR"], rows)
 
 
@@ -70,12 +90,12 @@ def format_status(body: dict[str, Any]) -> str:
     paused = body.get("is_scheduler_paused", {}).get("value") is True
     asleep = "paused" if paused else "asleep"  # is_sleeping is also true while only paused
     verdict = state if state != "consistent" else (asleep if agg.get("value") else "awake")
-    head = (
+    head = clean(
         f"fleet: {verdict}  engines connected {body.get('engines_connected')}/"
         f"{body.get('engines_expected')}  last poll #{body.get('last_poll', {}).get('number')}"
     )
     if agg.get("error"):
-        head += f"\n{agg['error']}"
+        head += f"\n{clean(agg['error'])}"
     rows = [
         [
             _text(e.get("engine")),
@@ -94,9 +114,9 @@ async def _reset(args: argparse.Namespace) -> int:
     headers = {}
     if args.token_file:
         try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            print(f"ctl: cannot read token file: {exc.strerror}", file=sys.stderr)
+            token = read_token_file(args.token_file, "token file")
+        except ConfigError as exc:
+            print(f"ctl: cannot use {exc}", file=sys.stderr)
             return EXIT_ERROR
         headers["Authorization"] = f"Bearer {token}"
     if args.idempotency_key:
@@ -110,6 +130,9 @@ async def _reset(args: argparse.Namespace) -> int:
         async with s.post(url, params=params, headers=headers) as resp:
             status = resp.status
             body = await resp.json(content_type=None)
+    if not isinstance(body, dict):
+        print(f"ctl: HTTP {status}: the answer is not a JSON object", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(body))
     elif "engines" in body:
@@ -118,7 +141,7 @@ async def _reset(args: argparse.Namespace) -> int:
         return EXIT_OK
     if status == 502:
         return EXIT_PARTIAL
-    print(f"ctl: HTTP {status}: {body.get('error', body)}", file=sys.stderr)
+    print(f"ctl: HTTP {status}: {clean(body.get('error', body))}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -130,6 +153,9 @@ async def _status(args: argparse.Namespace) -> int:
                 print(f"ctl: HTTP {resp.status} from {url}", file=sys.stderr)
                 return EXIT_ERROR
             body = await resp.json()
+    if not isinstance(body, dict):
+        print(f"ctl: {url}: the answer is not a JSON object", file=sys.stderr)
+        return EXIT_ERROR
     print(json.dumps(body) if args.json else format_status(body))
     state = body.get("aggregate", {}).get("is_sleeping", {}).get("state")
     return EXIT_OK if state == "consistent" else EXIT_PARTIAL
@@ -140,5 +166,5 @@ def run_ctl(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(command(args))
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        print(f"ctl: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"ctl: {type(exc).__name__}: {clean(exc)}", file=sys.stderr)
         return EXIT_ERROR

@@ -30,17 +30,12 @@ class HandshakeError(ExporterError):
     """The start-up handshake could not complete (timeout, rejected engine, bad INIT)."""
 
 
+class EngineUnavailable(ExporterError):
+    """An engine cannot be sent to right now (not handshaken, dead, refused or not routable)."""
+
+
 class MethodNotAllowed(ExporterError):
     """The exporter refuses to send a utility method that is not on its allow-list."""
-
-
-class UtilityCallFailed(ExporterError):
-    """An engine answered a utility call with a failure message."""
-
-    def __init__(self, method: str, message: str) -> None:
-        super().__init__(f"utility call {method} failed: {message}")
-        self.method = method
-        self.message = message
 
 
 class InconsistentUtilityResults(ExporterError):

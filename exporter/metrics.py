@@ -24,10 +24,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.aggregate import FleetState
+from exporter.faults import ProtocolErrorTally
 from exporter.metrics_catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
 from exporter.snapshot import FleetSnapshot
 from exporter.stats import Histogram, Stats
-from exporter.transport.events import ProtocolErrorTally
 
 Labels = tuple[str, ...]
 
@@ -150,6 +150,7 @@ def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_re
     if st.last_reset_success_unix is not None:
         b.add(last_reset, (), st.last_reset_success_unix)
     b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
+    b.counter("vllm_dp_task_failures_total", _single(errors.task_failures))
     b.counter("vllm_dp_polls_total", {(): st.polls})
     b.counter("vllm_dp_admin_requests_total", st.admin_requests)
     if include_relay:

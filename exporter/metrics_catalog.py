@@ -161,6 +161,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "unknown call ids, duplicate HELLO, ...).",
     ),
     MetricSpec(
+        "vllm_dp_task_failures_total",
+        "counter",
+        ("task",),
+        "Background tasks (handshake loop, poller, readers, ...) that raised unexpectedly; "
+        "each was logged and restarted.",
+    ),
+    MetricSpec(
         "vllm_dp_poll_duration_seconds",
         "gauge",
         (),

@@ -11,14 +11,8 @@ import random
 import time
 from collections.abc import Callable
 
-from exporter.aggregate import (
-    ConsensusVerdict,
-    EngineOutcome,
-    FleetState,
-    aggregate_consensus,
-    require_bool,
-)
-from exporter.client import FleetClient
+from exporter.aggregate import ConsensusVerdict, FleetState, aggregate_consensus, require_bool
+from exporter.fleet import EngineOutcome, FleetClient
 from exporter.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.stats import Stats
 

@@ -7,9 +7,13 @@ import socket
 from pathlib import Path
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def _kernel_port(host: str) -> int:
     """A port the kernel says is free right now (from the ephemeral range)."""
-    with socket.socket() as s:
+    with socket.socket(_family(host)) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -23,7 +27,7 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(_family(host)) as s:
         try:
             s.bind((host, port))
         except OSError:

@@ -11,18 +11,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.aggregate import (
-    EngineOutcome,
-    FleetState,
-    Outcome,
-    aggregate_all_true,
-    aggregate_consensus,
-    require_bool,
-)
+from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus, require_bool
 from exporter.client import EngineCoreClient
 from exporter.error import HandshakeError
+from exporter.faults import ProtocolErrorTally
+from exporter.fleet import EngineOutcome, Outcome
 from exporter.protocol import reset_args
-from exporter.transport.events import ProtocolErrorTally
 from exporter.transport.owner import OwnerConfig, OwnerTransport
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL_RESET, EXIT_INCONSISTENT = 0, 1, 2, 3
@@ -101,9 +95,11 @@ def probe_report(
 
 async def run_probe(options: ProbeOptions) -> int:
     errors = ProtocolErrorTally()
-    client = EngineCoreClient(errors)
-    transport = OwnerTransport(options.owner, client, errors)
-    client.attach(transport)
+    client = EngineCoreClient(
+        lambda listener: OwnerTransport(options.owner, listener, errors), errors
+    )
+    transport = client.transport
+    assert isinstance(transport, OwnerTransport)
     await client.start()
     try:
         handshake_error = None

@@ -6,18 +6,22 @@ a test can start and stop the whole service in-process with aiohttp's own runner
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import zmq
 from aiohttp import web
 
 from exporter import __version__
 from exporter.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.aggregate import ConsensusVerdict, FleetState
 from exporter.config import ServeConfig
+from exporter.error import ExporterError
 from exporter.httpguard import guarded_runner
+from exporter.negotiation import VARY, wants_gzip
 from exporter.runtime import Exporter
 from exporter.snapshot import EngineSnapshot, FleetSnapshot
 
@@ -26,6 +30,10 @@ log = logging.getLogger("exporter.server")
 EXPORTER_KEY = web.AppKey("exporter", Exporter)
 ADMIN_URL_KEY = web.AppKey("admin_url", str)
 MAX_REQUEST_BYTES = 16 * 1024
+
+
+class StartupError(ExporterError):
+    """The service could not start: a socket could not be bound (the message names it)."""
 
 
 def verdict_json(verdict: ConsensusVerdict) -> dict[str, Any]:
@@ -81,10 +89,11 @@ def status_json(snap: FleetSnapshot, config: ServeConfig) -> dict[str, Any]:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Text format or OpenMetrics, gzip or not (``exporter.negotiation``); never a 406."""
     exporter = request.app[EXPORTER_KEY]
-    use_gzip = "gzip" in request.headers.get("Accept-Encoding", "")
+    use_gzip = wants_gzip(request.headers.get("Accept-Encoding", ""))
     body, content_type = exporter.render_metrics(request.headers.get("Accept", ""), use_gzip)
-    headers = {"Content-Type": content_type}
+    headers = {"Content-Type": content_type, "Vary": VARY}
     if use_gzip:
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)
@@ -173,7 +182,18 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
 
 async def _run_exporter(app: web.Application) -> AsyncIterator[None]:
     exporter = app[EXPORTER_KEY]
-    await exporter.start()
+    try:
+        await exporter.start()
+    except BaseException as exc:
+        # Close what did start (sockets bound before the failing one) before reporting.
+        with contextlib.suppress(Exception):
+            await exporter.stop()
+        if isinstance(exc, zmq.ZMQError):
+            raise StartupError(
+                f"cannot open the engine-facing sockets: {exc} (see --handshake-address, "
+                "--advertise-host, --bind-host, --fixed-base-port)"
+            ) from None
+        raise
     yield
     await exporter.stop()
 
@@ -188,11 +208,16 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
     runner = guarded_runner(admin_app, access_log=None, handler_cancellation=False)
     await runner.setup()
     site = web.TCPSite(runner, where[0], where[1])
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartupError(
+            f"--admin-listen {exporter.config.admin_listen}: {exc.strerror or exc}"
+        ) from None
     server = getattr(site, "_server", None)
     port = server.sockets[0].getsockname()[1] if server and server.sockets else where[1]
     app[ADMIN_URL_KEY] = f"http://{where[0]}:{port}"
-    log.info("admin endpoint on %s", app[ADMIN_URL_KEY])
     yield
     await admin_app[ADMIN_SHUTDOWN_KEY]()
     await runner.cleanup()

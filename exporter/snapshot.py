@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.aggregate import ConsensusVerdict, EngineOutcome, FleetState
-from exporter.client import EngineDetail
+from exporter.aggregate import ConsensusVerdict, FleetState
+from exporter.fleet import EngineDetail, EngineOutcome
 
 
 @dataclass(frozen=True, slots=True)

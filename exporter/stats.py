@@ -10,7 +10,7 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.aggregate import EngineOutcome, Outcome
+from exporter.fleet import EngineOutcome, Outcome
 from exporter.metrics_catalog import RESET_FAILURE_REASONS, RESET_OUTCOMES
 
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

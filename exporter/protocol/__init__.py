@@ -1,8 +1,10 @@
 """Wire structs and pure encode/decode of vLLM's engine-core messages. No sockets here."""
 
 from exporter.protocol.handshake import (
+    ENGINE_HANDSHAKE_TIMEOUT_S,
     HELLO,
     READY,
+    RELAY_UPSTREAM_TIMEOUT_S,
     EngineHandshakeMetadata,
     EngineZmqAddresses,
     HandshakeMessage,
@@ -34,8 +36,10 @@ from exporter.protocol.utility import (
 
 __all__ = [
     "ENGINE_CORE_DEAD",
+    "ENGINE_HANDSHAKE_TIMEOUT_S",
     "HELLO",
     "READY",
+    "RELAY_UPSTREAM_TIMEOUT_S",
     "UINT64_MAX",
     "UTILITY_REQUEST_TYPE",
     "EngineHandshakeMetadata",

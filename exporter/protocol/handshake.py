@@ -14,9 +14,15 @@ from typing import Any
 import msgspec
 
 from exporter.error import ProtocolError
+from exporter.protocol.codec import decode, decode_any
 
 HELLO = "HELLO"
 READY = "READY"
+#: An engine gives up (and its process fails) when no INIT arrives this long after its HELLO.
+ENGINE_HANDSHAKE_TIMEOUT_S = 300.0
+#: The relay drops a HELLO still queued for the front end a little before that, so a front end
+#: that comes up late never receives a HELLO from an engine that has already given up.
+RELAY_UPSTREAM_TIMEOUT_S = ENGINE_HANDSHAKE_TIMEOUT_S - 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +52,20 @@ class EngineHandshakeMetadata(msgspec.Struct):
     parallel_config: dict[str, int | str | list[int]]
 
 
+#: Registration strings end up in a label of every scrape: longer ones are cut to this.
+MAX_REGISTRATION_STRING = 64
+
+
 @dataclass(frozen=True, slots=True)
 class RegistrationInfo:
-    """What the exporter keeps from an engine's registration message."""
+    """What the exporter keeps from an engine's registration message (nothing else: the
+    message is up to a frame's size and comes from a peer)."""
 
     vllm_version: str | None = None
     enable_sleep_mode: bool | None = None
     data_parallel_rank: int | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+    #: ``data_parallel_size`` > 1 means a coordinated (MoE) DP engine (dense DP reports 1).
+    data_parallel_size: int | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -75,10 +87,7 @@ def identity_engine_index(identity: bytes) -> int | None:
 
 
 def _decode_map(payload: bytes, what: str) -> dict[str, Any]:
-    try:
-        obj = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError("not_msgpack", f"{what}: {exc}") from None
+    obj = decode_any(payload, what)
     if not isinstance(obj, dict):
         raise ProtocolError("wrong_shape", f"{what} is not a map")
     return obj
@@ -118,12 +127,7 @@ def encode_init(
 
 def decode_init(payload: bytes) -> EngineHandshakeMetadata:
     """Decode INIT with the engine's strict rules (what a vLLM 0.33 engine accepts)."""
-    try:
-        return _init_decoder.decode(payload)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError("wrong_shape", f"INIT: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError("not_msgpack", f"INIT: {exc}") from None
+    return decode(payload, "INIT", _init_decoder)
 
 
 def decode_registration(payload: bytes) -> RegistrationInfo:
@@ -133,13 +137,16 @@ def decode_registration(payload: bytes) -> RegistrationInfo:
     obj = _decode_map(payload, "registration message")
     version = obj.get("vllm_version")
     sleep_mode = obj.get("enable_sleep_mode")
-    rank = obj.get("data_parallel_rank")
     return RegistrationInfo(
-        vllm_version=version if isinstance(version, str) else None,
+        vllm_version=version[:MAX_REGISTRATION_STRING] if isinstance(version, str) else None,
         enable_sleep_mode=sleep_mode if isinstance(sleep_mode, bool) else None,
-        data_parallel_rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-        raw=obj,
+        data_parallel_rank=_int_or_none(obj.get("data_parallel_rank")),
+        data_parallel_size=_int_or_none(obj.get("data_parallel_size")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def registration_map(

@@ -1,7 +1,7 @@
 """Relay mode's one INIT rewrite: append the exporter's client slot to an upstream INIT.
 
 The front end's INIT must reach the engine unchanged except for one more input and one more
-output address (``engine-core-protocol.md`` F.5): every other key and value, ``parallel_config``
+output address (``docs/protocol.md`` F.5): every other key and value, ``parallel_config``
 included, must stay byte for byte what the front end sent (for MoE DP its hash is checked in
 READY). The rewrite therefore decodes the INIT as an untyped map (msgspec keeps key order),
 checks that re-encoding the *unmodified* map gives back the original bytes (so the encoder is
@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from exporter.error import ProtocolError
+from exporter.protocol.codec import decode_any
 from exporter.protocol.handshake import decode_init
 
 _encoder = msgspec.msgpack.Encoder()
@@ -37,10 +38,7 @@ def append_client_slot(init: bytes, input_address: str, output_address: str) -> 
     the rewrite keep every other byte.
     """
     decode_init(init)  # what a vLLM engine accepts; ProtocolError otherwise
-    try:
-        obj = msgspec.msgpack.decode(init)
-    except msgspec.DecodeError as exc:  # pragma: no cover - decode_init already checked
-        raise ProtocolError("not_msgpack", f"INIT: {exc}") from None
+    obj = decode_any(init, "INIT")
     if _encoder.encode(obj) != init:
         raise ProtocolError(
             "init_not_canonical",
@@ -66,7 +64,7 @@ def append_client_slot(init: bytes, input_address: str, output_address: str) -> 
 
 def strip_client_slot(init: bytes, client_index: int) -> bytes:
     """Inverse of :func:`append_client_slot` for checks: drop slot ``client_index`` again."""
-    obj = msgspec.msgpack.decode(init)
+    obj = decode_any(init, "INIT")
     addresses = obj["addresses"]
     del addresses["inputs"][client_index]
     del addresses["outputs"][client_index]

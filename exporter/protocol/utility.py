@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from exporter.error import ProtocolError
+from exporter.protocol.codec import decode
 
 #: Request-type byte of a UTILITY request; the only type the exporter ever sends.
 UTILITY_REQUEST_TYPE = b"\x03"
@@ -92,12 +93,7 @@ def encode_utility_request(
 
 def decode_utility_request(payload: bytes) -> UtilityRequest:
     """Decode a UTILITY payload (engine side); raises ``ProtocolError`` on anything else."""
-    try:
-        return _request_decoder.decode(payload)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError("wrong_shape", f"UTILITY payload: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError("not_msgpack", f"UTILITY payload: {exc}") from None
+    return decode(payload, "UTILITY payload", _request_decoder)
 
 
 def unwrap_result(result: Any) -> Any:
@@ -111,12 +107,7 @@ def unwrap_result(result: Any) -> Any:
 
 def decode_engine_outputs(payload: bytes) -> EngineOutput:
     """Decode one ``EngineCoreOutputs`` frame; raises ``ProtocolError`` on malformed input."""
-    try:
-        wire = _outputs_decoder.decode(payload)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError("wrong_shape", f"EngineCoreOutputs: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError("not_msgpack", f"EngineCoreOutputs: {exc}") from None
+    wire = decode(payload, "EngineCoreOutputs", _outputs_decoder)
     out = wire.utility_output
     if out is None:
         return EngineOutput(wire.engine_index, None)

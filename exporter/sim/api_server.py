@@ -1,8 +1,8 @@
-"""A simulated vLLM API server: the dev routes of ``engine-core-protocol.md`` F.4 with the exact
+"""A simulated vLLM API server: the dev routes of ``docs/protocol.md`` F.4 with the exact
 status codes, bodies and connection behaviour of F.4.1, backed by N in-process simulated engines.
 
-The engines are ``exporter.sim.engine.SimEngine`` objects used without sockets: only their state
-logic runs (``is_sleeping``, ``sleep``, ``wake_up``, ``reset_prefix_cache``, the demo story).
+The engines are ``exporter.sim.state.EngineState`` state machines (no sockets): ``is_sleeping``,
+``sleep``, ``wake_up``, ``reset_prefix_cache`` and the demo story, through their public API.
 The server aggregates across them as vLLM's ``AsyncLLM`` does (E.1): ``is_sleeping`` is a
 consensus (HTTP 500 "Engines returned different is_sleeping results: [False, True]" when they
 disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs, one failing engine fails the call.
@@ -17,6 +17,7 @@ vLLM's 400 validation envelope, and after every 500 the TCP connection is closed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.sim.engine import PAUSE_MODES, SimEngine, SimOptions
+from exporter.sim.engine import SimOptions, run_story
+from exporter.sim.state import PAUSE_MODES, Deferred, EngineState
 
 #: pydantic's boolean strings (what FastAPI accepts for ``bool`` query parameters).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -77,18 +79,28 @@ class ApiServerOptions:
 
 
 class SimApiServer:
-    """The application state; ``app`` is the aiohttp application serving it."""
+    """The application state; ``app`` is the aiohttp application serving it.
+
+    ``options`` is a copy of the caller's (never changed); ``engines[i]`` is engine i's state
+    machine and ``engine_options[i]`` its faults (``hang``, ``reply_delay_s``, read live).
+    """
 
     def __init__(self, options: ApiServerOptions | None = None) -> None:
-        self.options = options or ApiServerOptions()
+        given = options or ApiServerOptions()
+        self.options = dataclasses.replace(
+            given, engine_options=list(given.engine_options), failures=dict(given.failures)
+        )
         o = self.options
         count = o.story_count or o.engines
-        self.engines: list[SimEngine] = []
-        for i in range(o.engines):
-            opts = o.engine_options[i] if i < len(o.engine_options) else SimOptions()
-            opts.story_offset = o.story_offset + i
-            opts.story_count = count
-            self.engines.append(SimEngine("", i, opts))
+        self.engine_options: list[SimOptions] = [
+            dataclasses.replace(
+                o.engine_options[i] if i < len(o.engine_options) else SimOptions(),
+                story_offset=o.story_offset + i,
+                story_count=count,
+            )
+            for i in range(o.engines)
+        ]
+        self.engines: list[EngineState] = [opts.initial_state() for opts in self.engine_options]
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         self._connections: dict[Any, int] = {}
@@ -99,10 +111,10 @@ class SimApiServer:
     # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
 
     async def _engine_delay(self) -> None:
-        engines = self.engines
-        if any(e.options.hang for e in engines):
+        faults = self.engine_options
+        if any(f.hang for f in faults):
             await asyncio.Event().wait()  # never answers; the client times out
-        delay = max((e.options.reply_delay_s for e in engines), default=0.0)
+        delay = max((f.reply_delay_s for f in faults), default=0.0)
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -129,8 +141,13 @@ class SimApiServer:
     async def _on_startup(self, app: web.Application) -> None:
         period = self.options.story_period_s
         if period:
-            # The engines' own story loop (exporter.sim.story), without their sockets.
-            self._tasks = [asyncio.create_task(e._story_loop(period)) for e in self.engines]
+            # The engines' story (exporter.sim.story), as a ZMQ engine runs it.
+            self._tasks = [
+                asyncio.create_task(
+                    run_story(state.apply_story, opts.story_offset, opts.story_count, period)
+                )
+                for state, opts in zip(self.engines, self.engine_options, strict=True)
+            ]
 
     async def _on_cleanup(self, app: web.Application) -> None:
         for task in self._tasks:
@@ -209,9 +226,9 @@ class SimApiServer:
         await self._engine_delay()
         self._check_failures("sleep")
         for e in self.engines:
-            deferred = e._sleep(level, mode)
-            if isinstance(deferred, asyncio.Future):
-                await deferred
+            deferred = e.sleep(level, mode)
+            if isinstance(deferred, Deferred):
+                await asyncio.sleep(deferred.delay_s)
         return _json({"status": "sleeping", "level": level})
 
     async def _wake_up(self, request: web.Request) -> web.Response:
@@ -219,7 +236,7 @@ class SimApiServer:
         self._dead()
         await self._engine_delay()
         self._check_failures("wake_up")
-        awake = all([e._wake_up(tags) for e in self.engines])
+        awake = all([e.wake_up(tags) for e in self.engines])
         return _json({"status": "awake" if awake else "sleeping", "tags": tags})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
@@ -228,7 +245,7 @@ class SimApiServer:
         self._dead()
         await self._engine_delay()
         self._check_failures("reset_prefix_cache")
-        success = all([e._reset_prefix_cache(running, external) for e in self.engines])
+        success = all([e.reset_prefix_cache(running, external) for e in self.engines])
         if self.options.old_reset_response:
             return web.Response(status=200)
         return _json({"success": success})

@@ -4,17 +4,23 @@ It behaves as ``vllm serve --headless`` does on the wire (HELLO, strict INIT dec
 registration on every input, READY, utility dispatch with vLLM's failure texts, replies to
 ``outputs[client_index]``) and has scriptable state and faults for tests and demos. Many engines
 can share one process and one event loop, each with its own sockets.
+
+This module is the wire side only: every utility method is run by the engine's
+:class:`~exporter.sim.state.EngineState` (``engine.state``), the pure state machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import ipaddress
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -33,13 +39,16 @@ from exporter.protocol import (
     engine_identity,
     registration_map,
 )
-from exporter.sim.story import story_state
+from exporter.sim.state import Deferred, EngineState, UtilityFailure
+from exporter.sim.story import StoryState, story_state
 
 log = logging.getLogger("exporter.sim")
 
 EXECUTOR_FAILED_TYPE = b"\x04"
-PAUSE_MODES = ("abort", "wait", "keep")
-ALL_TAGS = frozenset({"weights", "kv_cache"})
+#: What a coordinated (MoE) DP engine reports: its DP size in the registration and, in READY,
+#: the hash of its parallel config (the same on every engine of the fleet).
+COORDINATED_DP_SIZE = 2
+PARALLEL_CONFIG_HASH = hashlib.sha256(b"exporter.sim parallel_config dp=2").hexdigest()
 
 
 class SimStartupError(Exception):
@@ -48,7 +57,12 @@ class SimStartupError(Exception):
 
 @dataclass
 class SimOptions:
-    """State and faults of one simulated engine."""
+    """State and faults of one simulated engine.
+
+    ``sleeping``, ``paused``, ``refuse_reset``, ``drain_s`` and ``supports_pause_query`` seed its
+    :class:`EngineState` once (change ``engine.state`` later on); the wire-side faults
+    (``hang``, ``reply_delay_s``, ``dead_after_calls``, ...) are read live.
+    """
 
     sleeping: bool = False
     paused: bool = False
@@ -66,6 +80,19 @@ class SimOptions:
     story_period_s: float | None = None  # run the demo story (exporter.sim.story)
     story_offset: int = 0
     story_count: int = 1
+    #: A MoE / coordinated DP engine: its registration reports data_parallel_size
+    #: COORDINATED_DP_SIZE and its READY carries "parallel_config_hash".
+    coordinated_dp: bool = False
+
+    def initial_state(self) -> EngineState:
+        """A fresh state machine as these options describe it."""
+        return EngineState.initial(
+            sleeping=self.sleeping,
+            paused=self.paused,
+            refuse_reset=self.refuse_reset,
+            drain_s=self.drain_s,
+            supports_pause_query=self.supports_pause_query,
+        )
 
 
 @dataclass
@@ -79,8 +106,9 @@ class SimEngine:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        self.sleeping_tags: set[str] = set(ALL_TAGS) if self.options.sleeping else set()
-        self.paused = self.options.paused or self.options.sleeping
+        #: Sleep/pause state and every utility method (the options' ``sleeping``, ``paused``,
+        #: ``refuse_reset``, ``drain_s`` and ``supports_pause_query`` are read once, here).
+        self.state: EngineState = self.options.initial_state()
         self.calls = 0
         self.calls_by_method: dict[str, int] = {}
         self.connected = asyncio.Event()
@@ -93,11 +121,10 @@ class SimEngine:
         self._queue: asyncio.Queue[tuple[int, int, str, list[Any]]] = asyncio.Queue()
         self._stop = asyncio.Event()
         self._exit_reason = "stopped"
+        self._deferred: set[asyncio.TimerHandle] = set()
+        self._replies: set[asyncio.Task[None]] = set()
 
     # -- public control ----------------------------------------------------------------------
-
-    def is_sleeping(self) -> bool:
-        return self.paused or bool(self.sleeping_tags)
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM): reject utilities for the shutdown window, then exit."""
@@ -119,15 +146,24 @@ class SimEngine:
                 asyncio.create_task(self._input_loop(s, i)) for i, s in enumerate(self._inputs)
             ]
             tasks.append(asyncio.create_task(self._busy_loop()))
-            if self.options.story_period_s:
-                tasks.append(asyncio.create_task(self._story_loop(self.options.story_period_s)))
+            period = self.options.story_period_s
+            if period:
+                story = run_story(
+                    self.state.apply_story,
+                    self.options.story_offset,
+                    self.options.story_count,
+                    period,
+                )
+                tasks.append(asyncio.create_task(story))
             self.connected.set()
             try:
                 await self._stop.wait()
             finally:
-                for task in tasks:
+                for handle in self._deferred:
+                    handle.cancel()
+                for task in [*tasks, *self._replies]:
                     task.cancel()
-                for task in tasks:
+                for task in [*tasks, *self._replies]:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             return self._exit_reason
@@ -142,7 +178,7 @@ class SimEngine:
         hs = ctx.socket(zmq.DEALER)
         hs.setsockopt(zmq.IDENTITY, identity)
         hs.setsockopt(zmq.LINGER, 5000)
-        hs.connect(self.handshake_address)
+        _connect(hs, self.handshake_address)
         try:
             await hs.send(encode_handshake_message(HELLO, local=False, headless=True))
             if not await hs.poll(self.options.handshake_timeout_s * 1000):
@@ -157,24 +193,27 @@ class SimEngine:
                 sock.setsockopt(zmq.IDENTITY, identity)
                 sock.setsockopt(zmq.SNDHWM, 0)
                 sock.setsockopt(zmq.RCVHWM, 0)
-                sock.connect(address)
+                _connect(sock, address)
                 self._inputs.append(sock)
             for address in init.addresses.outputs:
                 sock = ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.SNDHWM, 0)
                 sock.setsockopt(zmq.LINGER, 4000)
-                sock.connect(address)
+                _connect(sock, address)
                 self._outputs.append(sock)
+            coordinated = self.options.coordinated_dp
             registration = encode_registration(
                 registration_map(
                     self.engine_index,
                     vllm_version=self.options.vllm_version,
                     enable_sleep_mode=self.options.enable_sleep_mode,
+                    data_parallel_size=COORDINATED_DP_SIZE if coordinated else 1,
                 )
             )
             for sock in self._inputs:
                 await sock.send(registration)
-            await hs.send(encode_handshake_message(READY, local=False, headless=True))
+            extra = {"parallel_config_hash": PARALLEL_CONFIG_HASH} if coordinated else {}
+            await hs.send(encode_handshake_message(READY, local=False, headless=True, **extra))
         finally:
             hs.close()
 
@@ -233,79 +272,26 @@ class SimEngine:
     async def _dispatch(
         self, client_index: int, call_id: int, method: str, args: list[Any]
     ) -> None:
-        handler = self._methods().get(method)
-        if handler is None:
-            missing = f"'EngineCoreProc' object has no attribute '{method}'"
-            text = f"Call to {method} method failed: {missing}"
-            await self._reply(client_index, call_id, failure=text)
-            return
-        fn, max_args = handler
-        if len(args) > max_args:
-            await self._reply(client_index, call_id, failure=f"Call to {method} method failed: ")
-            return
         try:
-            result = fn(*args)
-        except ValueError as exc:
-            await self._reply(
-                client_index, call_id, failure=f"Call to {method} method failed: {exc}"
-            )
+            result = self.state.call(method, args)
+        except UtilityFailure as exc:
+            await self._reply(client_index, call_id, failure=str(exc))
             return
-        if isinstance(result, asyncio.Future):
+        if isinstance(result, Deferred):
             # Deferred reply: other utilities are answered meanwhile (replies out of order).
-            result.add_done_callback(
-                lambda fut: asyncio.ensure_future(
-                    self._reply(client_index, call_id, value=fut.result())
-                )
-            )
+            self._defer(result, client_index, call_id)
             return
         await self._reply(client_index, call_id, value=result)
 
-    def _methods(self) -> dict[str, tuple[Callable[..., Any], int]]:
-        methods: dict[str, tuple[Callable[..., Any], int]] = {
-            "is_sleeping": (self.is_sleeping, 0),
-            "sleep": (self._sleep, 2),
-            "wake_up": (self._wake_up, 1),
-            "reset_prefix_cache": (self._reset_prefix_cache, 2),
-            "pause_scheduler": (self._pause_scheduler, 2),
-            "resume_scheduler": (self._resume_scheduler, 0),
-        }
-        if self.options.supports_pause_query:
-            methods["is_scheduler_paused"] = (lambda: self.paused, 0)
-        return methods
+    def _defer(self, deferred: Deferred, client_index: int, call_id: int) -> None:
+        def fire() -> None:
+            self._deferred.discard(handle)
+            task = asyncio.create_task(self._reply(client_index, call_id, value=deferred.value))
+            self._replies.add(task)
+            task.add_done_callback(self._replies.discard)
 
-    def _pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> Any:
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"Invalid pause mode: {mode}")
-        self.paused = True
-        if mode == "wait" and self.options.drain_s > 0:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_later(self.options.drain_s, future.set_result, None)
-            return future
-        return None
-
-    def _sleep(self, level: int = 1, mode: str = "abort") -> Any:
-        deferred = self._pause_scheduler(mode, clear_cache=level >= 1)
-        if level >= 1:
-            self.sleeping_tags = set(ALL_TAGS)
-        return deferred
-
-    def _wake_up(self, tags: list[str] | None = None) -> bool:
-        # None wakes whatever is asleep; named tags that are not all asleep are ignored (a no-op).
-        wanted = set(self.sleeping_tags) if tags is None else {t for t in tags if t != "scheduling"}
-        if wanted <= self.sleeping_tags:
-            self.sleeping_tags -= wanted
-        if not self.sleeping_tags:
-            self.paused = False
-            return True
-        return False
-
-    def _resume_scheduler(self) -> None:
-        self.paused = False
-
-    def _reset_prefix_cache(
-        self, reset_running_requests: bool = False, reset_connector: bool = False
-    ) -> bool:
-        return not self.options.refuse_reset
+        handle = asyncio.get_running_loop().call_later(deferred.delay_s, fire)
+        self._deferred.add(handle)
 
     # -- output thread -------------------------------------------------------------------------
 
@@ -333,16 +319,35 @@ class SimEngine:
         self._exit_reason = "dead"
         self._stop.set()
 
-    async def _story_loop(self, period_s: float) -> None:
-        while True:
-            # Wall-clock time: engines in different processes share the story's phase.
-            state = story_state(
-                self.options.story_offset, self.options.story_count, time.time(), period_s
-            )
-            self.options.refuse_reset = state.refuse_reset
-            if state.sleeping:
-                self.sleeping_tags = set(ALL_TAGS)
-            elif self.sleeping_tags:
-                self.sleeping_tags.clear()
-            self.paused = state.paused or state.sleeping
-            await asyncio.sleep(min(0.2, period_s / 50))
+
+async def run_story(
+    apply: Callable[[StoryState], None], offset: int, count: int, period_s: float
+) -> None:
+    """Until cancelled, ``apply`` the demo story's state of the engine at ``offset`` (of
+    ``count``) a few times a second. Wall-clock time: engines in different processes share the
+    story's phase."""
+    while True:
+        apply(story_state(offset, count, time.time(), period_s))
+        await asyncio.sleep(min(0.2, period_s / 50))
+
+
+def _connect(sock: zmq.asyncio.Socket, address: str) -> None:
+    """Connect as vLLM's ``make_zmq_socket`` does: ``zmq.IPV6`` on for an IPv6 TCP host."""
+    if _is_ipv6_tcp(address):
+        sock.setsockopt(zmq.IPV6, 1)
+    sock.connect(address)
+
+
+def _is_ipv6_tcp(address: str) -> bool:
+    """``tcp://[::1]:5555`` and the like (vLLM: ``split_zmq_path`` + ``is_valid_ipv6_address``)."""
+    try:
+        parts = urlsplit(address)
+        host = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme != "tcp" or not host:
+        return False
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from exporter.aggregate import EngineOutcome, Outcome
 from exporter.client import EngineCoreClient
 from exporter.error import ProtocolError
+from exporter.faults import ProtocolErrorTally
+from exporter.fleet import EngineOutcome, Outcome
 from exporter.protocol import decode_handshake_message
-from exporter.transport.events import ProtocolErrorTally, TransportListener
+from exporter.transport.events import TransportListener
 from exporter.transport.owner import OwnerConfig, OwnerTransport
 
 log = logging.getLogger("exporter.sim.frontend")
@@ -64,17 +65,19 @@ class SimFrontend:
     outcomes: list[EngineOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.client = EngineCoreClient(self.errors)
-        self.transport = _CountingOwnerTransport(
-            OwnerConfig(
-                handshake_address=self.handshake_address,
-                engine_count=self.engine_count,
-                start_rank=self.start_rank,
-            ),
-            self.client,
-            self.errors,
+        config = OwnerConfig(
+            handshake_address=self.handshake_address,
+            engine_count=self.engine_count,
+            start_rank=self.start_rank,
         )
-        self.client.attach(self.transport)
+        transports: list[_CountingOwnerTransport] = []
+
+        def make(listener: TransportListener) -> _CountingOwnerTransport:
+            transports.append(_CountingOwnerTransport(config, listener, self.errors))
+            return transports[-1]
+
+        self.client = EngineCoreClient(make, self.errors)
+        self.transport = transports[0]
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -6,10 +6,12 @@ engine*: ENGINE_CORE_DEAD carries no engine index, so a per-engine output addres
 death attributable. A socket monitor on each PULL notices an engine's connection closing (a
 SIGKILLed engine sends nothing).
 
-These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their file descriptors and
-drained without blocking: one wake-up handles every queued frame, which costs a fraction of a
-future per frame (see docs/benchmarks.md). The handshake sockets, which see a few frames per
-engine lifetime, stay on ``zmq.asyncio`` in the subclasses.
+These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their file descriptors.
+Each reader handles at most ``DRAIN_BATCH`` messages per event-loop turn and then yields, and
+every socket's receive queue is bounded (``RECV_HWM``): a flooding peer is throttled by TCP back
+pressure instead of freezing the loop or growing memory. The handshake socket, which sees a few
+frames per engine lifetime, stays on ``zmq.asyncio`` in a supervised task (a crash is logged,
+counted and the loop restarted: a single hostile frame never stops future handshakes).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from exporter.error import HandshakeError, ProtocolError
+from exporter.error import EngineUnavailable, HandshakeError, ProtocolError
+from exporter.faults import ProtocolErrorTally
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
     UTILITY_REQUEST_TYPE,
@@ -33,38 +36,32 @@ from exporter.protocol import (
     decode_registration,
     engine_identity,
 )
-from exporter.transport.events import EngineLinkView, ProtocolErrorTally, TransportListener
+from exporter.tasks import cancel_and_wait, supervise
+from exporter.transport import sockets
+from exporter.transport.events import EngineLinkView, TransportListener
 from exporter.transport.links import (
+    DRAIN_BATCH,
     MAX_FRAME_BYTES,
-    MONITOR_EVENTS,
     NOBLOCK,
     SNDMORE_NOBLOCK,
-    ZMQ_MAX_MSG_BYTES,
     EngineLink,
-    EngineUnavailable,
     FleetShape,
     Phase,
     recv_message,
+    recv_message_fd,
     send_frame,
 )
 
-__all__ = [
-    "MAX_FRAME_BYTES",
-    "ZMQ_MAX_MSG_BYTES",
-    "EngineDataPlane",
-    "EngineLink",
-    "EngineUnavailable",
-    "FleetShape",
-    "Phase",
-]
-
 log = logging.getLogger("exporter.transport")
+
+#: Phases in which the exporter may send to an engine.
+CALLABLE = (Phase.UP, Phase.RESTORED)
 
 
 class EngineDataPlane:
     """Input and output sockets of every expected engine, and their link state.
 
-    Subclasses run the handshake (``_start_control`` / ``_close_control``) and move links
+    Subclasses run the handshake (``_start_control`` / ``_on_handshake_frames``) and move links
     through ``Phase``; this class routes utility frames and reports outputs, deaths and
     (re)connections to the listener.
     """
@@ -97,36 +94,35 @@ class EngineDataPlane:
         """Subclasses with more per-engine state return a subclass of ``EngineLink``."""
         return EngineLink(engine_index, engine_identity(engine_index))
 
-    # -- sockets ---------------------------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------------
 
-    def _plain_socket(self, kind: int) -> zmq.Socket[bytes]:
-        # A plain (not zmq.asyncio) socket on the shared context, driven by add_reader.
-        sock: zmq.Socket[bytes] = zmq.Socket(self._ctx, kind)
-        for option, value in (
-            (zmq.LINGER, 0),
-            (zmq.RCVHWM, 0),
-            (zmq.SNDHWM, 0),
-            (zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES),
-        ):
-            sock.setsockopt(option, value)
-        return sock
-
-    def _monitor_socket(self, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
-        """A plain PAIR receiving ``sock``'s connection events (not ``get_monitor_socket``,
-        which would make a zmq.asyncio socket on this context)."""
-        address = f"inproc://exporter-monitor-{id(self)}-{id(sock)}"
-        sock.monitor(address, MONITOR_EVENTS)
-        pair: zmq.Socket[bytes] = zmq.Socket(self._ctx, zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(address)
-        return pair
-
-    def _bind(self, sock: zmq.Socket[bytes], port: int | None) -> str:
-        """Bind on the bind host; return the address the engines are told (advertise host)."""
-        host = self.shape.bind_host or self.shape.advertise_host
-        sock.bind(f"tcp://{host}:{port if port is not None else '*'}")
-        bound_port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
-        return f"tcp://{self.shape.advertise_host}:{bound_port}"
+    async def start(self) -> None:
+        """Bind every socket and start receiving; engines may connect from now on."""
+        self._loop = asyncio.get_running_loop()
+        shape = self.shape
+        base = shape.fixed_base_port
+        bind_host = shape.bind_host or shape.advertise_host
+        try:
+            self._input = sockets.plain_socket(self._ctx, zmq.ROUTER)
+            self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self.input_address = sockets.bind(self._input, bind_host, shape.advertise_host, base)
+            for offset, link in enumerate(self._links.values()):
+                link.pull = sockets.plain_socket(self._ctx, zmq.PULL)
+                port = None if base is None else base + 1 + offset
+                link.output_address = sockets.bind(link.pull, bind_host, shape.advertise_host, port)
+                link.monitor = sockets.monitor_socket(
+                    self._ctx, link.pull, f"{id(self)}-{link.engine_index}"
+                )
+            await self._start_control()
+        except BaseException:
+            await self.close()
+            raise
+        self._watch(self._input, self._drain_input)
+        for link in self._links.values():
+            assert link.pull is not None and link.monitor is not None
+            self._watch(link.pull, lambda link=link: self._drain_output(link))  # type: ignore[misc]
+            self._watch(link.monitor, lambda link=link: self._drain_monitor(link))  # type: ignore[misc]
 
     def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
         """Drain ``sock`` whenever its (edge-triggered) FD signals, and once now."""
@@ -135,27 +131,6 @@ class EngineDataPlane:
         self._loop.add_reader(fd, drain)
         self._readers.append(fd)
         self._loop.call_soon(drain)
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Bind every socket and start receiving; engines may connect from now on."""
-        self._loop = asyncio.get_running_loop()
-        base = self.shape.fixed_base_port
-        self._input = self._plain_socket(zmq.ROUTER)
-        self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.input_address = self._bind(self._input, base)
-        for offset, link in enumerate(self._links.values()):
-            link.pull = self._plain_socket(zmq.PULL)
-            link.output_address = self._bind(link.pull, None if base is None else base + 1 + offset)
-            link.monitor = self._monitor_socket(link.pull)
-        await self._start_control()
-        self._watch(self._input, self._drain_input)
-        for link in self._links.values():
-            assert link.pull is not None and link.monitor is not None
-            self._watch(link.pull, lambda link=link: self._drain_output(link))  # type: ignore[misc]
-            self._watch(link.monitor, lambda link=link: self._drain_monitor(link))  # type: ignore[misc]
 
     async def close(self) -> None:
         """Stop receiving and close every socket with linger 0."""
@@ -192,20 +167,21 @@ class EngineDataPlane:
         """Bind the handshake ROUTER the engines dial, for the life of the process (restarted
         engines handshake again); ``ROUTER_HANDOVER`` lets a restarted engine's new connection
         take its identity over."""
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = sockets.async_socket(self._ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
-        sock.bind(address)
+        try:
+            sock.bind(address)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
         self._handshake = sock
-        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake_loop(sock))
+        self._handshake_task = supervise(
+            "handshake", lambda: self._handshake_loop(sock), self._errors
+        )
 
     async def _close_handshake(self) -> None:
         task, self._handshake_task = self._handshake_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         if self._handshake is not None:
             self._handshake.close(linger=0)
             self._handshake = None
@@ -231,29 +207,43 @@ class EngineDataPlane:
         return [
             EngineLinkView(
                 engine_index=link.engine_index,
-                connected=link.phase is Phase.UP and link.slot is not None,
+                connected=self._connected(link),
                 dead=link.phase is Phase.DEAD,
                 handshakes=link.handshakes,
                 registration=link.registration,
                 output_address=link.output_address,
+                refused=link.refused,
             )
             for link in self._links.values()
         ]
 
+    @staticmethod
+    def _connected(link: EngineLink) -> bool:
+        return link.phase is Phase.UP and link.slot is not None
+
     def is_callable(self, engine_index: int) -> bool:
         link = self._links[engine_index]
-        return link.slot is not None and link.phase in (Phase.UP, Phase.RESTORED)
+        return link.slot is not None and link.phase in CALLABLE
 
     def client_index(self, engine_index: int) -> int:
-        slot = self._links[engine_index].slot
-        if slot is None:
-            raise EngineUnavailable(f"engine {engine_index} has no exporter slot")
-        return slot
+        """The exporter's slot on a callable engine; EngineUnavailable otherwise."""
+        link = self._links[engine_index]
+        if link.slot is None or link.phase not in CALLABLE:
+            raise EngineUnavailable(f"engine {engine_index} is {self._why_not(link)}")
+        return link.slot
+
+    @staticmethod
+    def _why_not(link: EngineLink) -> str:
+        if link.phase is Phase.REFUSED:
+            return f"refused: {link.refused}"
+        if link.phase is Phase.DEAD:
+            return "dead (ENGINE_CORE_DEAD)"
+        if link.phase is Phase.LOST:
+            return "disconnected (its connection closed)"
+        return "not connected"
 
     def connected_count(self) -> int:
-        return sum(
-            1 for link in self._links.values() if link.phase is Phase.UP and link.slot is not None
-        )
+        return sum(1 for link in self._links.values() if self._connected(link))
 
     async def wait_connected(self, timeout_s: float, indices: Iterable[int] | None = None) -> None:
         """Wait until every (given) engine is connected; HandshakeError on timeout."""
@@ -279,24 +269,47 @@ class EngineDataPlane:
         link.phase = phase
         self._changed.set()
 
+    def _refusal(self, link: EngineLink) -> str | None:
+        """Hook: why this attach mode cannot serve a handshaken engine (None: it can)."""
+        return None
+
     def _maybe_up(self, link: EngineLink) -> None:
         """READY and the registration travel on different connections: up when both came."""
-        if link.phase is Phase.INIT_SENT and link.ready and link.registered:
-            self._set_phase(link, Phase.UP)
-            log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
-            self._listener.on_engine_up(link.engine_index)
+        if link.phase is not Phase.INIT_SENT or not (link.ready and link.registered):
+            return
+        reason = self._refusal(link)
+        if reason is not None:
+            link.refused = reason
+            self._set_phase(link, Phase.REFUSED)
+            self._errors.record("engine_refused", f"engine {link.engine_index}: {reason}")
+            log.error("engine %d refused: %s", link.engine_index, reason)
+            return
+        link.refused = None
+        self._set_phase(link, Phase.UP)
+        log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
+        self._listener.on_engine_up(link.engine_index)
 
     def _on_dead(self, link: EngineLink) -> None:
-        """Hook: an engine announced its death (the relay persists its state)."""
+        """Hook: an engine's death was confirmed (the relay persists its state)."""
+
+    def confirm_dead(self, engine_index: int) -> None:
+        """The engine is dead (its ENGINE_CORE_DEAD was confirmed): stop calling it."""
+        link = self._links[engine_index]
+        if link.phase is Phase.DEAD:
+            return
+        log.warning("engine %d is dead (ENGINE_CORE_DEAD)", engine_index)
+        self._set_phase(link, Phase.DEAD)
+        self._on_dead(link)
+        self._listener.on_engine_down(engine_index, "dead")
 
     # -- sending ---------------------------------------------------------------------------
 
     def send_utility(self, engine_index: int, payload: bytes) -> None:
         """Route a UTILITY payload to one engine; EngineUnavailable when it cannot be sent."""
-        if not self.is_callable(engine_index):
-            raise EngineUnavailable(f"engine {engine_index} is not connected")
-        assert self._input is not None and self._loop is not None
         link = self._links[engine_index]
+        if link.slot is None or link.phase not in CALLABLE:
+            raise EngineUnavailable(f"engine {engine_index} is {self._why_not(link)}")
+        assert self._input is not None and self._loop is not None
         try:
             # SNDHWM=0 and ROUTER semantics: never blocks; EHOSTUNREACH when not routable.
             sock = self._input
@@ -307,20 +320,29 @@ class EngineDataPlane:
             raise EngineUnavailable(f"engine {engine_index} is not routable: {exc}") from None
         finally:
             # A send can consume the FD's edge for a registration waiting to be read.
-            if not self._input_check_scheduled:
-                self._input_check_scheduled = True
-                self._loop.call_soon(self._drain_input)
+            self._schedule_input_drain()
+
+    def _schedule_input_drain(self) -> None:
+        if not self._input_check_scheduled and self._loop is not None:
+            self._input_check_scheduled = True
+            self._loop.call_soon(self._drain_input)
 
     # -- receiving -------------------------------------------------------------------------
 
     def _drain_input(self) -> None:
         self._input_check_scheduled = False
         sock = self._input
-        while sock is not None and (frames := recv_message(sock)) is not None:
+        for _ in range(DRAIN_BATCH):
+            frames = recv_message(sock) if sock is not None else None
+            if frames is None:
+                return
             try:
                 self._on_input_frames(frames)
             except ProtocolError as exc:
                 self._errors.record(exc.kind, f"input socket: {exc}")
+            except Exception as exc:  # a bug must not stop the reader: count it, go on
+                self._errors.task_failed("input_reader", exc)
+        self._schedule_input_drain()  # more may be queued: continue next turn
 
     def _on_input_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -346,70 +368,96 @@ class EngineDataPlane:
 
     def _drain_output(self, link: EngineLink) -> None:
         sock = link.pull
-        while sock is not None and (frames := recv_message(sock)) is not None:
+        for _ in range(DRAIN_BATCH):
+            received = recv_message_fd(sock) if sock is not None else None
+            if received is None:
+                return
+            frames, fd = received
             try:
-                self._on_output_frames(link, frames)
-            except Exception:  # one bad frame must not stop the drain
-                log.exception("engine %d: unexpected error handling an output", link.engine_index)
+                self._on_output_frames(link, frames, fd)
+            except ProtocolError as exc:
+                self._errors.record(exc.kind, f"engine {link.engine_index} output: {exc}")
+            except Exception as exc:  # a bug must not stop the reader: count it, go on
+                self._errors.task_failed("output_reader", exc)
+        assert self._loop is not None
+        self._loop.call_soon(self._drain_output, link)  # a flood: yield, then continue
 
-    def _on_output_frames(self, link: EngineLink, frames: list[bytes]) -> None:
+    def _on_output_frames(self, link: EngineLink, frames: list[bytes], fd: int) -> None:
         first = frames[0]
         if len(first) > MAX_FRAME_BYTES:
-            self._errors.record(
+            raise ProtocolError(
                 "oversized_frame", f"engine {link.engine_index}: {len(first)} byte output frame"
             )
-            return
         if len(frames) == 1 and first == ENGINE_CORE_DEAD:  # exactly one frame, as vLLM checks
-            log.warning("engine %d sent ENGINE_CORE_DEAD", link.engine_index)
-            self._set_phase(link, Phase.DEAD)
-            self._on_dead(link)
-            self._listener.on_engine_down(link.engine_index, "dead")
+            self._on_engine_core_dead(link, fd)
             return
         if len(frames) > 1:
             self._errors.record(
                 "extra_frames", f"engine {link.engine_index}: {len(frames)} output frames"
             )
-        try:
-            output = decode_engine_outputs(first)
-        except ProtocolError as exc:
-            self._errors.record(exc.kind, f"engine {link.engine_index} output: {exc}")
-            return
+        output = decode_engine_outputs(first)
         if output.engine_index != link.engine_index:
-            self._errors.record(
+            raise ProtocolError(
                 "wrong_engine_index",
                 f"output socket of engine {link.engine_index} carried engine_index "
                 f"{output.engine_index}",
             )
-            return
         if link.phase is Phase.RESTORED:
-            # A restarted exporter on fixed addresses: the engine reconnected on its own.
+            # A restarted exporter on fixed addresses, or a reconnection: the engine is back.
             log.info("engine %d reattached without a handshake", link.engine_index)
             self._set_phase(link, Phase.UP)
             self._listener.on_engine_up(link.engine_index)
-        self._listener.on_output(link.engine_index, output)
+        if self._listener.on_output(link.engine_index, output) and fd >= 0:
+            link.engine_fd = fd  # it answered one of our calls: this connection is the engine
+
+    def _on_engine_core_dead(self, link: EngineLink, fd: int) -> None:
+        """Believe ENGINE_CORE_DEAD at once only from the engine's own connection (the one
+        that answered our calls, or before any answer the only connection there is); any peer
+        can connect to an output address and send those bytes, so a claim from elsewhere is
+        handed to the listener to confirm before the engine is given up."""
+        if link.phase not in CALLABLE:
+            return
+        known = link.engine_fd
+        if fd >= 0 and (fd == known or (known is None and link.live_peers == {fd})):
+            self.confirm_dead(link.engine_index)
+        else:
+            self._listener.on_death_claimed(link.engine_index)
 
     def _drain_monitor(self, link: EngineLink) -> None:
-        """An engine's output connection closing means its process died or restarted: fail its
-        calls in flight at once instead of at their timeout (a SIGKILL sends no sentinel).
+        """An engine's output connection closing means its process died or restarted: the
+        engine is LOST (not connected, its calls in flight fail at once instead of at their
+        timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
 
-        Any peer can connect to an output address. Connections are tracked by file descriptor,
-        and only the close of the *last* one counts as the engine going away: a stray or
-        hostile peer hanging up must not fail the engine's calls. (While such a peer stays
-        connected, a SIGKILLed engine is noticed by its call timeout instead.)
+        Any peer can connect to an output address. Once the engine answered one of our calls
+        its own connection is known, and only that one closing counts; before, only the close
+        of the *last* connection does (a stranger hanging up must not fail the engine).
         """
         sock = link.monitor
-        while sock is not None and (frames := recv_message(sock)) is not None:
+        for _ in range(DRAIN_BATCH):
+            frames = recv_message(sock) if sock is not None else None
+            if frames is None:
+                return
             try:
                 event = parse_monitor_message(frames)
-            except Exception:  # a malformed monitor frame is not actionable
+            except (ValueError, IndexError, TypeError):  # a malformed event is not actionable
                 continue
-            fd = int(event.get("value", -1))
-            if event.get("event") == zmq.EVENT_ACCEPTED:
-                link.live_peers.add(fd)
-                continue
-            link.live_peers.discard(fd)
-            if link.live_peers:
-                log.info("engine %d: a peer of its output socket hung up", link.engine_index)
-            elif link.phase is Phase.UP:
-                log.warning("engine %d: output connection closed", link.engine_index)
-                self._listener.on_engine_down(link.engine_index, "disconnected")
+            self._on_connection_event(link, int(event.get("event", 0)), int(event.get("value", -1)))
+        assert self._loop is not None
+        self._loop.call_soon(self._drain_monitor, link)
+
+    def _on_connection_event(self, link: EngineLink, event: int, fd: int) -> None:
+        if event == zmq.EVENT_ACCEPTED:
+            link.live_peers.add(fd)
+            if link.phase is Phase.LOST:
+                self._set_phase(link, Phase.RESTORED)  # UP again once it answers
+            return
+        link.live_peers.discard(fd)
+        engine_gone = fd == link.engine_fd if link.engine_fd is not None else not link.live_peers
+        if not engine_gone:
+            log.info("engine %d: a peer of its output socket hung up", link.engine_index)
+            return
+        link.engine_fd = None
+        if link.phase in CALLABLE:
+            log.warning("engine %d: output connection closed", link.engine_index)
+            self._set_phase(link, Phase.LOST)
+            self._listener.on_engine_down(link.engine_index, "disconnected")

@@ -5,7 +5,7 @@ is one "engine" to the layers above: its label is its name, or its position ("0"
 A target's own answer is already vLLM's aggregate over the ranks that API server manages, so an
 API server whose engines disagree (HTTP 500 "Engines returned different is_sleeping results:
 [...]") becomes an ``INCONSISTENT`` outcome carrying those values
-(``engine-core-protocol.md`` F.4 / F.4.1).
+(``docs/protocol.md`` F.4 / F.4.1).
 
 Mapping of the allow-listed utility methods:
 
@@ -28,39 +28,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
-from exporter.aggregate import EngineOutcome, Outcome
-from exporter.client import DEFAULT_ALLOWED_METHODS, EngineDetail
-from exporter.config import ServeConfig
-from exporter.error import ConfigError, MethodNotAllowed
-from exporter.transport.http_replies import (
-    DEV_MODE_OFF,
-    NO_SUCCESS_FIELD,
-    interpret,
-    parse_inconsistent,
-)
-
-__all__ = [
-    "DEV_MODE_OFF",
-    "NOT_AVAILABLE",
-    "NO_SUCCESS_FIELD",
-    "HttpFleetClient",
-    "HttpTarget",
-    "interpret",
-    "make_http_client",
-    "parse_inconsistent",
-    "parse_targets",
-    "read_targets_file",
-]
+from exporter.error import MethodNotAllowed
+from exporter.fleet import DEFAULT_ALLOWED_METHODS, EngineDetail, EngineOutcome, Outcome
+from exporter.transport.http_replies import interpret
 
 log = logging.getLogger("exporter.http")
 
@@ -68,7 +44,6 @@ log = logging.getLogger("exporter.http")
 DEFAULT_MAX_CONCURRENCY = 64
 NOT_AVAILABLE = "not available over HTTP"
 VERSION_TIMEOUT_S = 5.0
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,77 +52,6 @@ class HttpTarget:
 
     label: str
     url: str
-
-
-def parse_target(text: str, index: int) -> HttpTarget:
-    """``URL`` or ``NAME=URL``; the label defaults to the target's position."""
-    entry = text.strip()
-    name: str | None = None
-    head, sep, rest = entry.partition("=")
-    if sep and "://" not in head:
-        name, entry = head.strip(), rest.strip()
-        if not name or not _NAME.match(name):
-            raise ConfigError(
-                f"--http-target {text!r}: a target name may only use letters, digits and _.:-"
-            )
-    url = URL(entry)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"--http-target {text!r}: expected http://HOST:PORT or NAME=URL")
-    if url.user or url.password:
-        raise ConfigError(
-            f"--http-target {name or index}: credentials in the URL are not allowed "
-            "(use --http-token-file)"
-        )
-    if url.query_string or url.fragment:
-        raise ConfigError(f"--http-target {text!r}: a target URL takes no query or fragment")
-    return HttpTarget(name if name is not None else str(index), entry.rstrip("/"))
-
-
-def read_targets_file(path: str) -> list[str]:
-    """One target per line; blank lines and ``#`` comments ignored."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"--http-targets-file {path}: {exc.strerror}") from None
-    lines = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            lines.append(line)
-    return lines
-
-
-def parse_targets(entries: Iterable[str]) -> list[HttpTarget]:
-    targets = [parse_target(text, i) for i, text in enumerate(entries)]
-    if not targets:
-        raise ConfigError("--attach http needs at least one --http-target")
-    seen: set[str] = set()
-    for t in targets:
-        if t.label in seen:
-            raise ConfigError(f"--http-target: engine label {t.label!r} is used twice")
-        seen.add(t.label)
-    return targets
-
-
-def read_token(path: str) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"--http-token-file {path}: {exc.strerror}") from None
-    if not token:
-        raise ConfigError(f"--http-token-file {path} is empty")
-    if any(c in token for c in "\r\n"):
-        raise ConfigError(f"--http-token-file {path}: the token must be one line")
-    return token
-
-
-def make_http_client(config: ServeConfig) -> HttpFleetClient:
-    """The ``--attach http`` client from ``--http-target``, ``--http-targets-file`` and token."""
-    entries = list(config.http_target)
-    if config.http_targets_file:
-        entries += read_targets_file(config.http_targets_file)
-    token = read_token(config.http_token_file) if config.http_token_file else None
-    return HttpFleetClient(parse_targets(entries), token=token)
 
 
 @dataclass(slots=True)

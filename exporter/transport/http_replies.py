@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from exporter.aggregate import EngineOutcome, Outcome
+from exporter.fleet import EngineOutcome, Outcome
 
 DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
 NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"

@@ -15,7 +15,13 @@ from exporter.protocol import RegistrationInfo
 #: Frames above this are dropped and counted as ``oversized_frame`` before any decoding.
 MAX_FRAME_BYTES = 1024 * 1024
 #: Hard limit enforced by ZMQ itself: a peer sending more is disconnected.
-ZMQ_MAX_MSG_BYTES = 16 * 1024 * 1024
+ZMQ_MAX_MSG_BYTES = 4 * 1024 * 1024
+#: Messages ZMQ queues per connection before it stops reading from that peer (TCP then pushes
+#: back on the sender): a flooding peer costs at most this many messages of memory.
+RECV_HWM = 256
+#: Messages one reader handles per event-loop turn before it yields (and reschedules itself):
+#: a flooding peer cannot keep /metrics, polls or other engines' readers waiting.
+DRAIN_BATCH = 256
 #: Monitor events of an output PULL: its peers connecting and going away. A PULL's peers are
 #: normally just its engine; when the last one goes, the engine died or restarted.
 MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
@@ -31,17 +37,39 @@ recv_frame = cast(Callable[..., zmq.Frame], zmq.backend.Socket.recv)
 def recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
     """The next message's frames, or None when nothing is queued.
 
-    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD).
-    Frames are received without copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
+    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD), or
+    reschedules itself when it stops early. Frames are received without copy so that ``more``
+    needs no ZMQ_RCVMORE getsockopt."""
+    received = recv_message_fd(sock)
+    return None if received is None else received[0]
+
+
+def recv_message_fd(sock: zmq.Socket[bytes]) -> tuple[list[bytes], int] | None:
+    """Like ``recv_message``, plus the file descriptor of the connection it came from
+    (``ZMQ_SRCFD``; -1 when unknown), which tells an engine's own connection from a stranger's."""
     try:
         frame = recv_frame(sock, NOBLOCK, copy=False)
     except zmq.Again:
         return None
+    try:
+        fd = int(frame.get(SRCFD))
+    except (zmq.ZMQError, ValueError, TypeError):
+        fd = -1
     frames = [frame.bytes]
     while frame.more:
         frame = recv_frame(sock, NOBLOCK, copy=False)
         frames.append(frame.bytes)
-    return frames
+    return frames, fd
+
+
+#: ``zmq_msg_get(ZMQ_SRCFD)``: deprecated in libzmq but present in every 4.x release.
+SRCFD = int(getattr(zmq, "SRCFD", 2))
+
+
+def tcp_host(host: str) -> str:
+    """A host as it goes into a ``tcp://`` endpoint: IPv6 literals in brackets."""
+    host = host.strip("[]")
+    return f"[{host}]" if ":" in host else host
 
 
 class Phase(enum.Enum):
@@ -50,11 +78,9 @@ class Phase(enum.Enum):
     INIT_SENT = "init_sent"  # INIT delivered, waiting for READY and the registration
     UP = "up"  # READY and registration both received
     RESTORED = "restored"  # reattaching without a handshake; UP once the engine answers
+    LOST = "lost"  # was up, its output connection closed; RESTORED when it reconnects
     DEAD = "dead"  # ENGINE_CORE_DEAD received; a new HELLO revives it
-
-
-class EngineUnavailable(Exception):
-    """The engine cannot be sent to (not handshaken, dead, or not routable)."""
+    REFUSED = "refused"  # handshaken, but the exporter cannot serve it (see EngineLink.refused)
 
 
 @dataclass
@@ -70,6 +96,9 @@ class FleetShape:
     fixed_base_port: int | None = None
 
     def __post_init__(self) -> None:
+        self.advertise_host = self.advertise_host.strip("[]")
+        if self.bind_host is not None:
+            self.bind_host = self.bind_host.strip("[]")
         if self.engine_count < 1:
             raise ValueError("engine_count must be at least 1")
         if self.start_rank < 0 or self.start_rank + self.engine_count > 0x10000:
@@ -94,6 +123,11 @@ class EngineLink:
     registered: bool = False
     handshakes: int = 0
     registration: RegistrationInfo | None = None
+    refused: str | None = None
+    #: READY carried ``parallel_config_hash``: a coordinated (MoE) DP engine.
+    coordinated: bool = False
     pull: zmq.Socket[bytes] | None = field(default=None, repr=False)
     monitor: zmq.Socket[bytes] | None = field(default=None, repr=False)
     live_peers: set[int] = field(default_factory=set, repr=False)
+    #: The connection that delivered a reply to one of our calls: the engine's own.
+    engine_fd: int | None = field(default=None, repr=False)

@@ -15,11 +15,11 @@ import zmq
 import zmq.asyncio
 
 from exporter.error import ProtocolError
+from exporter.faults import ProtocolErrorTally
 from exporter.protocol import HELLO, READY, decode_handshake_message, encode_init
-from exporter.transport.dataplane import EngineDataPlane, EngineLink, FleetShape, Phase
-from exporter.transport.events import ProtocolErrorTally, TransportListener
-
-__all__ = ["OwnerConfig", "OwnerTransport", "Phase"]
+from exporter.transport.dataplane import EngineDataPlane
+from exporter.transport.events import TransportListener
+from exporter.transport.links import EngineLink, FleetShape, Phase
 
 log = logging.getLogger("exporter.transport")
 
@@ -76,11 +76,25 @@ class OwnerTransport(EngineDataPlane):
                     "unexpected_ready", f"engine {link.engine_index} sent READY out of order"
                 )
             link.ready = True
+            link.coordinated = "parallel_config_hash" in message.extra
             self._maybe_up(link)
         else:
             raise ProtocolError(
                 "unexpected_status", f"engine {link.engine_index} sent status {message.status!r}"
             )
+
+    def _refusal(self, link: EngineLink) -> str | None:
+        """Coordinated (MoE) DP engines need the DP group settings a front end sends in INIT
+        (``parallel_config``); owner mode sends none and cannot coordinate their waves, so it
+        refuses them with a pointer to relay mode (which forwards the front end's INIT)."""
+        size = link.registration.data_parallel_size if link.registration else None
+        if link.coordinated or (size is not None and size > 1):
+            return (
+                f"coordinated (MoE) data-parallel engine (data_parallel_size={size}): owner "
+                "mode cannot coordinate its DP group; attach with --attach relay beside a vLLM "
+                "front end"
+            )
+        return None
 
     def _answer_hello(self, sock: zmq.asyncio.Socket, link: EngineLink) -> None:
         if link.phase is Phase.INIT_SENT:
@@ -88,13 +102,14 @@ class OwnerTransport(EngineDataPlane):
                 "duplicate_hello",
                 f"engine {link.engine_index} sent HELLO while its handshake is in progress",
             )
-        if link.phase in (Phase.UP, Phase.DEAD) or link.handshakes:
+        if link.phase in (Phase.UP, Phase.LOST, Phase.DEAD, Phase.REFUSED) or link.handshakes:
             log.warning("engine %d restarted: handshaking again", link.engine_index)
             self._listener.on_engine_down(link.engine_index, "restarted")
         elif link.phase is Phase.RESTORED:
             # Fixed ports, but this engine starts afresh: it was never ours to reattach.
             self._listener.on_engine_down(link.engine_index, "restarted")
-        link.ready = link.registered = False
+        link.ready = link.registered = link.coordinated = False
+        link.registration = None
         link.slot = 0
         link.handshakes += 1
         init = encode_init([self.input_address], [link.output_address])

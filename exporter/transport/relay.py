@@ -1,5 +1,5 @@
 """Relay mode: the exporter sits in the handshake between headless engines and a stock vLLM
-front end and appends its own client slot to each engine's INIT (``engine-core-protocol.md``
+front end and appends its own client slot to each engine's INIT (``docs/protocol.md``
 F.5). Afterwards the front end and the engines talk directly; the exporter has a private
 input/output pair on every engine.
 
@@ -43,23 +43,22 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from exporter.client import EngineCoreClient
-from exporter.config import RELAY_UPSTREAM_TIMEOUT_S, ServeConfig
 from exporter.error import ProtocolError
-from exporter.protocol import HELLO, READY, decode_handshake_message, engine_identity
-from exporter.protocol.relay import append_client_slot
-from exporter.stats import Stats
-from exporter.transport.dataplane import (
-    ZMQ_MAX_MSG_BYTES,
-    EngineDataPlane,
-    EngineLink,
-    FleetShape,
-    Phase,
+from exporter.faults import ProtocolErrorTally
+from exporter.protocol import (
+    HELLO,
+    READY,
+    RELAY_UPSTREAM_TIMEOUT_S,
+    decode_handshake_message,
+    engine_identity,
 )
-from exporter.transport.events import ProtocolErrorTally, TransportListener
+from exporter.protocol.relay import append_client_slot
+from exporter.tasks import watch
+from exporter.transport import sockets
+from exporter.transport.dataplane import EngineDataPlane
+from exporter.transport.events import TransportListener
+from exporter.transport.links import EngineLink, FleetShape, Phase
 from exporter.transport.relay_state import SlotRecord, read_state, write_state
-
-__all__ = ["Phase", "RelayConfig", "RelayTransport", "make_relay_client", "relay_config"]
 
 log = logging.getLogger("exporter.transport.relay")
 
@@ -171,7 +170,7 @@ class RelayTransport(EngineDataPlane):
             SlotRecord(link.engine_index, link.identity.hex(), link.slot, link.output_address)
             for link in self._links.values()
             if link.slot is not None
-            and link.phase in (Phase.UP, Phase.RESTORED, Phase.INIT_SENT)
+            and link.phase in (Phase.UP, Phase.RESTORED, Phase.LOST, Phase.INIT_SENT)
             and (link.ready or link.phase is Phase.RESTORED)
         ]
         extra = {
@@ -238,7 +237,7 @@ class RelayTransport(EngineDataPlane):
             log.warning(
                 "engine %d sent a new HELLO mid-handshake: relaying afresh", link.engine_index
             )
-        if link.phase in (Phase.UP, Phase.RESTORED, Phase.DEAD) or link.handshakes:
+        if link.phase in (Phase.UP, Phase.RESTORED, Phase.LOST, Phase.DEAD) or link.handshakes:
             log.warning("engine %d restarted: relaying its handshake again", link.engine_index)
             self._listener.on_engine_down(link.engine_index, "restarted")
         self._drop_upstream(link)
@@ -248,12 +247,10 @@ class RelayTransport(EngineDataPlane):
         link.init_upstream = link.init_forwarded = None
         link.handshakes += 1
         link.attempt += 1
-        upstream = self._ctx.socket(zmq.DEALER)
+        upstream = sockets.async_socket(
+            self._ctx, zmq.DEALER, linger_ms=self.config.upstream_linger_ms
+        )
         upstream.setsockopt(zmq.IDENTITY, link.identity)
-        upstream.setsockopt(zmq.LINGER, self.config.upstream_linger_ms)
-        upstream.setsockopt(zmq.RCVHWM, 0)
-        upstream.setsockopt(zmq.SNDHWM, 0)
-        upstream.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MSG_BYTES)
         # Connect-side queueing: HELLO waits in the pipe until the front end listens.
         upstream.connect(self.config.upstream_handshake_address)
         link.upstream = upstream
@@ -263,6 +260,7 @@ class RelayTransport(EngineDataPlane):
         link.upstream_task = asyncio.get_running_loop().create_task(
             self._upstream_loop(link, upstream, link.attempt)
         )
+        watch(link.upstream_task, "relay_upstream", self._errors)
         log.info("engine %d: HELLO relayed to the front end", link.engine_index)
 
     async def _upstream_loop(self, link: RelayLink, sock: zmq.asyncio.Socket, attempt: int) -> None:
@@ -342,27 +340,3 @@ class RelayTransport(EngineDataPlane):
             self._set_phase(link, Phase.UP)
         log.info("engine %d: READY relayed", link.engine_index)
         self._maybe_up(link)
-
-
-def relay_config(config: ServeConfig) -> RelayConfig:
-    if not config.upstream_handshake_address:
-        raise ValueError("relay mode needs upstream_handshake_address")
-    return RelayConfig(
-        handshake_address=config.handshake_address,
-        upstream_handshake_address=config.upstream_handshake_address,
-        state_file=config.state_file,
-        upstream_timeout_s=config.relay_upstream_timeout,
-        **config.fleet_shape(),
-    )
-
-
-def make_relay_client(
-    config: ServeConfig, errors: ProtocolErrorTally, stats: Stats
-) -> EngineCoreClient:
-    """The relay-mode ``FleetClient``: an ``EngineCoreClient`` over a ``RelayTransport``.
-
-    ``stats.relay_handshakes`` (a ``Counter[str]``) receives one result per handshake attempt.
-    """
-    client = EngineCoreClient(errors)
-    client.attach(RelayTransport(relay_config(config), client, errors, stats.relay_handshakes))
-    return client

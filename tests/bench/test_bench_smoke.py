@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.flood import sample_sum
 from bench.inprocess import percentile
 from bench.procs import metric_value, split_counts
 
@@ -33,6 +34,20 @@ def test_metric_value_reads_unlabelled_samples() -> None:
     text = '# HELP x y\nvllm_dp_polls_total 12.0\nvllm_dp_up{engine="0"} 1.0\n'
     assert metric_value(text, "vllm_dp_polls_total") == 12.0
     assert metric_value(text, "missing") is None
+
+
+def test_sample_sum_reads_labelled_samples() -> None:
+    text = (
+        "# TYPE vllm_dp_protocol_errors counter\n"
+        'vllm_dp_protocol_errors_total{kind="wrong_shape"} 7.0\n'
+        'vllm_dp_protocol_errors_total{kind="extra_frames"} 2.0\n'
+        "# TYPE vllm_dp_engine_up gauge\n"
+        'vllm_dp_engine_up{engine="0"} 1.0\n'
+    )
+    assert sample_sum(text, "vllm_dp_protocol_errors_total", kind="wrong_shape") == 7.0
+    assert sample_sum(text, "vllm_dp_protocol_errors_total") == 9.0
+    assert sample_sum(text, "vllm_dp_engine_up", engine="0") == 1.0
+    assert sample_sum(text, "vllm_dp_engine_up", engine="1") is None
 
 
 @pytest.mark.slow
@@ -69,6 +84,7 @@ def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
         "## 4. Memory",
         "### Flapping engine",
         "## 5. Admin reset end-to-end latency",
+        "## 6. Output-address flood",
         "## Profile",
     ):
         assert heading in text, heading
@@ -77,4 +93,7 @@ def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
     latency = text.split("## 1.", 1)[1].split("## 2.", 1)[0]
     for n in (1, 2):
         assert f"\n| {n} | 1 | " in latency, f"no latency row for N={n}"
+    flood = text.split("## 6.", 1)[1].split("## Profile", 1)[0]
+    assert "python -m bench.flood" in flood
+    assert "| yes (engine 0: 1, engine 1: 1) |" in flood, flood  # quick run: a 2 s flood
     assert "python -m bench.run --quick" in text.replace(Path(sys.executable).name, "python")

@@ -20,9 +20,19 @@ from tests.conftest import free_port
 
 
 class StockClient:
-    """Binds the handshake ROUTER, ``slots`` input ROUTERs and output PULLs; records every frame."""
+    """Binds the handshake ROUTER, ``slots`` input ROUTERs and output PULLs; records every frame.
 
-    def __init__(self, ctx: zmq.asyncio.Context, handshake_address: str, slots: int = 1) -> None:
+    ``host`` is where the input and output sockets bind (``"[::1]"`` needs a context with
+    ``zmq.IPV6`` set).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        handshake_address: str,
+        slots: int = 1,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.ctx = ctx
         self.hs = ctx.socket(zmq.ROUTER)
         self.hs.setsockopt(zmq.LINGER, 0)
@@ -35,13 +45,13 @@ class StockClient:
             inp = ctx.socket(zmq.ROUTER)
             inp.setsockopt(zmq.LINGER, 0)
             inp.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            addr = f"tcp://127.0.0.1:{free_port()}"
+            addr = f"tcp://{host}:{free_port()}"
             inp.bind(addr)
             self.inputs.append(inp)
             self.input_addresses.append(addr)
             out = ctx.socket(zmq.PULL)
             out.setsockopt(zmq.LINGER, 0)
-            addr = f"tcp://127.0.0.1:{free_port()}"
+            addr = f"tcp://{host}:{free_port()}"
             out.bind(addr)
             self.outputs.append(out)
             self.output_addresses.append(addr)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from exporter.aggregate import (
-    EngineOutcome,
     FleetState,
-    Outcome,
     aggregate_all_true,
     aggregate_consensus,
     consensus,
     require_bool,
 )
 from exporter.error import InconsistentUtilityResults, NoEngines
+from exporter.fleet import EngineOutcome, Outcome
 
 
 def ok(engine: str, value: object) -> EngineOutcome:

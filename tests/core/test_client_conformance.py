@@ -10,11 +10,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from exporter.aggregate import FleetState, Outcome, aggregate_all_true, aggregate_consensus
+from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus
 from exporter.client import EngineCoreClient
 from exporter.error import HandshakeError, MethodNotAllowed
+from exporter.faults import ProtocolErrorTally
+from exporter.fleet import Outcome
 from exporter.protocol import ENGINE_CORE_DEAD, encode_utility_reply
-from exporter.transport.events import ProtocolErrorTally
 from exporter.transport.owner import OwnerConfig, OwnerTransport
 from tests.conftest import loopback_address
 from tests.core.rawengine import RawEngine
@@ -26,14 +27,16 @@ class Harness:
         self.address = loopback_address()
         self.ctx = zmq.asyncio.Context()
         self.errors = ProtocolErrorTally()
-        self.client = EngineCoreClient(self.errors)
-        self.transport = OwnerTransport(
-            OwnerConfig(handshake_address=self.address, engine_count=count, start_rank=start_rank),
-            self.client,
-            self.errors,
-            context=self.ctx,
+        config = OwnerConfig(
+            handshake_address=self.address, engine_count=count, start_rank=start_rank
         )
-        self.client.attach(self.transport)
+        self.client = EngineCoreClient(
+            lambda listener: OwnerTransport(config, listener, self.errors, context=self.ctx),
+            self.errors,
+        )
+        transport = self.client.transport
+        assert isinstance(transport, OwnerTransport)
+        self.transport = transport
         self.engines: list[RawEngine] = []
 
     def engine(self, index: int | bytes) -> RawEngine:

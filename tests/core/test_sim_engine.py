@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -10,8 +11,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from exporter.ports import free_listen_port
 from exporter.protocol import ENGINE_CORE_DEAD, encode_init
-from exporter.sim.engine import SimEngine, SimOptions, SimStartupError
+from exporter.sim.engine import (
+    COORDINATED_DP_SIZE,
+    PARALLEL_CONFIG_HASH,
+    SimEngine,
+    SimOptions,
+    SimStartupError,
+)
 from tests.conftest import loopback_address
 from tests.core.stockclient import StockClient
 
@@ -245,3 +253,55 @@ async def test_case23_executor_failed_type_kills_engine(rig_factory) -> None:
     await rig.front.call(0, "is_sleeping", request_type=b"\x04")
     assert await rig.front.recv_raw() == [ENGINE_CORE_DEAD]
     assert await asyncio.wait_for(rig.tasks[0], 3) == "dead"
+
+
+@pytest.mark.parametrize("coordinated", [False, True])
+async def test_coordinated_dp_registration_and_ready(rig_factory, coordinated: bool) -> None:
+    rig = rig_factory()
+    rig.engine(2, coordinated_dp=coordinated)
+    identity, _ = await rig.front.recv_hs()
+    await rig.front.send_init(identity)
+    _, registration = await rig.front.recv_registration(0)
+    assert len(registration) == 28
+    assert registration["data_parallel_size"] == (COORDINATED_DP_SIZE if coordinated else 1)
+    assert registration["data_parallel_rank"] == 2
+    _, ready = await rig.front.recv_hs()
+    assert (ready.status, ready.local, ready.headless) == ("READY", False, True)
+    if coordinated:
+        assert ready.extra == {"parallel_config_hash": PARALLEL_CONFIG_HASH}
+        int(PARALLEL_CONFIG_HASH, 16)  # a hex string
+    else:
+        assert ready.extra == {}
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+async def test_bracketed_ipv6_addresses_enable_zmq_ipv6() -> None:
+    """Handshake, input and output on tcp://[::1]:port; the engine's own context has no IPv6
+    default, so it must set zmq.IPV6 per socket (as vLLM's make_zmq_socket does)."""
+    front_ctx = zmq.asyncio.Context()
+    front_ctx.setsockopt(zmq.IPV6, 1)
+    address = f"tcp://[::1]:{free_listen_port()}"
+    front = StockClient(front_ctx, address, slots=1, host="[::1]")
+    engine = SimEngine(address, 0, SimOptions(handshake_timeout_s=3.0))
+    task = asyncio.create_task(engine.run())
+    try:
+        await front.handshake(0)
+        assert engine.init_addresses is not None
+        inputs, outputs = engine.init_addresses
+        assert all(a.startswith("tcp://[::1]:") for a in inputs + outputs)
+        await front.call(0, "is_sleeping")
+        assert (await front.reply()).utility.value is False
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        front.close()
+        front_ctx.term()

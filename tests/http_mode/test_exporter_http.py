@@ -13,7 +13,7 @@ import pytest
 
 from exporter.ports import free_port
 from exporter.sim.engine import SimEngine, SimOptions
-from exporter.transport.http import DEV_MODE_OFF
+from exporter.transport.http_replies import DEV_MODE_OFF
 
 from .conftest import HOST, RunningExporter, StartApi, StartExporter, http_config
 
@@ -130,7 +130,7 @@ async def test_agreeing_targets_are_consistent_and_ready(
         raise AssertionError("vllm_dp_engine_info never got the targets' vLLM version")
     # A target going to sleep differently flips the fleet to inconsistent.
     for engine in b.sim.engines:
-        engine._wake_up(None)
+        engine.wake_up(None)
     await ex.poll()
     text = await ex.metrics()
     assert value(text, "vllm_dp_fleet_state", state="inconsistent") == 1
@@ -205,7 +205,7 @@ async def test_admin_reset_partial_failure_names_the_target(
         )
         == 1
     )
-    refusing.sim.engines[1].options.refuse_reset = False
+    refusing.sim.engines[1].refuse_reset = False
     async with ex.session.post(f"{ex.admin_url}/admin/reset_prefix_cache") as resp:
         assert resp.status == 200
         assert (await resp.json())["success"] is True

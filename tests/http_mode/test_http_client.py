@@ -9,26 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.aggregate import (
-    FleetState,
-    Outcome,
-    aggregate_all_true,
-    aggregate_consensus,
-)
+from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus
+from exporter.attach import http_client, parse_targets, read_targets_file
 from exporter.error import ConfigError, MethodNotAllowed
+from exporter.fleet import Outcome
 from exporter.ports import free_port
 from exporter.sim.engine import SimOptions
-from exporter.transport.http import (
-    DEV_MODE_OFF,
-    NO_SUCCESS_FIELD,
-    NOT_AVAILABLE,
-    HttpFleetClient,
-    HttpTarget,
-    interpret,
-    make_http_client,
-    parse_targets,
-    read_targets_file,
-)
+from exporter.transport.http import NOT_AVAILABLE, HttpFleetClient, HttpTarget
+from exporter.transport.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
 
 from .conftest import HOST, StartApi, http_config
 
@@ -274,7 +262,7 @@ async def test_token_reaches_server_and_is_never_logged(
     gone = f"http://{HOST}:{free_port()}"
     config = http_config([a.url, b.url, gone], http_token_file=str(token_file))
     caplog.set_level(logging.DEBUG)
-    client = make_http_client(config)
+    client = http_client(config)
     await client.start()
     clients.append(client)
     texts = [repr(client), repr(config)]
@@ -303,7 +291,7 @@ def test_targets_file_and_labels(tmp_path: Path) -> None:
         "https://vllm.example:443",
     ]
     config = http_config(["first=http://10.0.0.9:8000"], http_targets_file=str(f))
-    client = make_http_client(config)
+    client = http_client(config)
     assert client.targets == [
         HttpTarget("first", "http://10.0.0.9:8000"),
         HttpTarget("1", "http://10.0.0.1:8000"),
@@ -331,7 +319,7 @@ def test_empty_token_file(tmp_path: Path) -> None:
     f = tmp_path / "token"
     f.write_text("\n")
     with pytest.raises(ConfigError, match="empty"):
-        make_http_client(http_config(["http://x:1"], http_token_file=str(f)))
+        http_client(http_config(["http://x:1"], http_token_file=str(f)))
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import time
 
 import aiohttp
 
+from exporter.demo.common import DemoOptions
+from exporter.demo.http import node_sizes, run_http_demo
 from exporter.ports import free_port
-from exporter.sim.http_demo import node_sizes, run_http_demo
 
 from .conftest import HOST
 
@@ -23,9 +24,17 @@ def test_node_sizes() -> None:
 async def test_http_demo_metrics_move() -> None:
     listen = f"{HOST}:{free_port()}"
     stop = asyncio.Event()
-    demo = asyncio.create_task(
-        run_http_demo(4, listen, f"{HOST}:{free_port()}", 0.1, 0.5, 2.0, reset_every=0.3, stop=stop)
+    options = DemoOptions(
+        engines=4,
+        attach="http",
+        listen=listen,
+        admin_listen=f"{HOST}:{free_port()}",
+        poll_interval=0.1,
+        call_timeout=0.5,
+        story_period=2.0,
+        reset_every=0.3,
     )
+    demo = asyncio.create_task(run_http_demo(options, stop))
     seen: set[str] = set()
     engines: set[str] = set()
     resets = False

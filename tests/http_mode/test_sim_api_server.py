@@ -48,7 +48,7 @@ async def test_is_sleeping_agree_and_disagree(
         assert resp.status == 200
         assert resp.headers["content-type"] == "application/json"
         assert await resp.read() == b'{"is_sleeping":false}'
-    a.sim.engines[1]._sleep(1)
+    a.sim.engines[1].sleep(1)
     async with session.get(f"{a.url}/is_sleeping") as resp:
         assert resp.status == 500
         assert "connection" not in {k.lower() for k in resp.headers}
@@ -92,7 +92,7 @@ async def test_reset_prefix_cache(start_api: StartApi, session: aiohttp.ClientSe
     a = await start_api(engines=2)
     async with session.post(f"{a.url}/reset_prefix_cache") as resp:
         assert resp.status == 200 and await resp.read() == b'{"success":true}'
-    a.sim.engines[1].options.refuse_reset = True
+    a.sim.engines[1].refuse_reset = True
     url = f"{a.url}/reset_prefix_cache?reset_running_requests=True&reset_external=0"
     async with session.post(url, json={"reset_running_requests": "ignored"}) as resp:
         assert resp.status == 200 and await resp.read() == b'{"success":false}'

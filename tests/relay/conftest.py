@@ -17,15 +17,16 @@ from typing import Any, cast
 
 import pytest
 
-from exporter.aggregate import EngineOutcome
+from exporter.attach import build_fleet
 from exporter.client import EngineCoreClient
 from exporter.config import ServeConfig
+from exporter.faults import ProtocolErrorTally
+from exporter.fleet import EngineOutcome
 from exporter.ports import free_listen_port
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.sim.frontend import SimFrontend
 from exporter.stats import Stats
-from exporter.transport.events import ProtocolErrorTally
-from exporter.transport.relay import RelayTransport, make_relay_client
+from exporter.transport.relay import RelayTransport
 from tests.helpers import eventually
 
 VECTORS = json.loads(
@@ -99,7 +100,10 @@ class Harness:
     async def start_relay(self, **overrides: Any) -> Relay:
         errors = ProtocolErrorTally()
         stats = Stats()
-        client = make_relay_client(self.serve_config(**overrides), errors, stats)
+        client = build_fleet(
+            self.serve_config(**overrides), errors, relay_handshakes=stats.relay_handshakes
+        )
+        assert isinstance(client, EngineCoreClient)
         relay = Relay(client, errors, stats)
         await client.start()
         self.relays.append(relay)

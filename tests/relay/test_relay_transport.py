@@ -11,13 +11,13 @@ import zmq
 import zmq.asyncio
 from prometheus_client import generate_latest
 
-from exporter.aggregate import Outcome
+from exporter.fleet import Outcome
 from exporter.ports import free_port_range
 from exporter.protocol import decode_handshake_message, encode_init
 from exporter.protocol.relay import append_client_slot, strip_client_slot
 from exporter.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
-from exporter.transport.relay import Phase
+from exporter.transport.links import Phase
 from tests.relay.conftest import Harness, cross_talk, vector, wait_until
 
 pytestmark = pytest.mark.timeout(10)

@@ -40,7 +40,7 @@ async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> 
         for n in range(POLLS):
             phase = n % 8
             flapper.hang = phase == 7
-            flapper.supports_pause_query = phase not in (3, 4)
+            engines[1].state.supports_pause_query = phase not in (3, 4)
             await exporter.poller.poll_once()
             assert client.pending_count == 0, f"poll {n}: calls left pending"
             if n % 500 == 499:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from exporter.aggregate import Outcome
+from exporter.fleet import Outcome
 from exporter.sim.engine import SimOptions
 from tests.resilience.conftest import ServiceFactory
 from tests.resilience.support import SimProcess, eventually, metric, sim_processes

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from exporter.aggregate import Outcome
+from exporter.fleet import Outcome
 from tests.resilience.support import (
     SimProcess,
     eventually,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.exposition import generate_latest
 
-from exporter.aggregate import EngineOutcome, Outcome
 from exporter.config import resolve_config
 from exporter.exposition import render_text
+from exporter.fleet import EngineDetail, EngineOutcome, Outcome
 from exporter.runtime import Exporter
 from exporter.stats import Stats
 
@@ -17,7 +17,6 @@ class _FixedClient:
     engine_labels = ["0", "1", "2"]
 
     def engine_details(self):  # type: ignore[no-untyped-def]
-        from exporter.client import EngineDetail
 
         return [
             EngineDetail("0", True, "tcp://a", '0.33"odd\\version\n', True),

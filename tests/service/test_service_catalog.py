@@ -16,7 +16,7 @@ import zmq.asyncio
 from service_support import ROOT, Fleet, FleetFactory
 
 from exporter.metrics_catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
-from exporter.sim.engine import ALL_TAGS
+from exporter.sim.state import ALL_TAGS
 from tests.helpers import eventually
 from tests.helpers import metric_value as value
 
@@ -125,12 +125,12 @@ async def test_live_exporter_exports_every_catalog_and_design_metric(
     # A successful reset, then one refused by engine 1 (partial failure).
     status, _, _ = await fleet.reset()
     assert status == 200
-    fleet.engines[1].options.refuse_reset = True
+    fleet.engines[1].state.refuse_reset = True
     status, _, _ = await fleet.reset()
     assert status == 502
     # A protocol error and an inconsistency.
     await send_garbage_to_output_socket(fleet)
-    fleet.engines[0].sleeping_tags = set(ALL_TAGS)
+    fleet.engines[0].state.sleeping_tags = set(ALL_TAGS)
     await fleet.next_polls()
     m = await scrape()
     assert value(m, "vllm_dp_sleep_state_consistent") == 0.0

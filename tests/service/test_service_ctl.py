@@ -18,7 +18,7 @@ from service_support import (
 )
 
 from exporter.ports import free_port
-from exporter.sim.engine import ALL_TAGS
+from exporter.sim.state import ALL_TAGS
 
 TOKEN = "ctl-token-91b2c3d4e5f6"
 
@@ -125,7 +125,7 @@ async def test_ctl_status_table_and_json(fleet_factory: FleetFactory) -> None:
         [str(i), "awake", "up", "ok"] for i in range(3)
     ]
 
-    fleet.engines[1].sleeping_tags = set(ALL_TAGS)
+    fleet.engines[1].state.sleeping_tags = set(ALL_TAGS)
     await fleet.next_polls()
     (code, out, _), (table_code, table_out, _) = await asyncio.gather(
         run_cli("ctl", "status", "--url", fleet.url, "--json"),

@@ -7,7 +7,8 @@ import gzip
 
 from service_support import CALL_TIMEOUT, FleetFactory
 
-from exporter.sim.engine import ALL_TAGS, SimOptions
+from exporter.sim.engine import SimOptions
+from exporter.sim.state import ALL_TAGS
 from tests.helpers import metric_value as value
 from tests.helpers import samples
 
@@ -43,7 +44,7 @@ async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: FleetFa
 async def test_whole_fleet_asleep_and_paused_states(fleet_factory: FleetFactory) -> None:
     fleet = await fleet_factory(2)
     for engine in fleet.engines:
-        engine.sleeping_tags = set(ALL_TAGS)
+        engine.state.sleeping_tags = set(ALL_TAGS)
     await fleet.next_polls()
     m = await fleet.scrape()
     assert value(m, "vllm_dp_sleeping") == 1.0
@@ -52,8 +53,8 @@ async def test_whole_fleet_asleep_and_paused_states(fleet_factory: FleetFactory)
     assert value(m, "vllm_dp_engine_paused", engine="0") == 0.0
 
     for engine in fleet.engines:
-        engine.sleeping_tags = set()
-        engine.paused = True
+        engine.state.sleeping_tags = set()
+        engine.state.paused = True
     await fleet.next_polls()
     m = await fleet.scrape()
     # vLLM's is_sleeping is also true while the scheduler is merely paused.
@@ -68,7 +69,7 @@ async def test_inconsistency_counter_counts_polls_not_scrapes(
 ) -> None:
     fleet = await fleet_factory(2, poll_interval=0.4, poll_jitter=0)
     method = {"method": "is_sleeping"}
-    fleet.engines[0].sleeping_tags = set(ALL_TAGS)
+    fleet.engines[0].state.sleeping_tags = set(ALL_TAGS)
     await fleet.next_polls()
     m = await fleet.scrape()
     assert value(m, "vllm_dp_sleep_state_consistent") == 0.0
@@ -97,7 +98,7 @@ async def test_inconsistency_counter_counts_polls_not_scrapes(
         assert count - start_count == polls - start_polls
 
     # Agreement again: polls go on, the counter stops.
-    fleet.engines[0].sleeping_tags = set()
+    fleet.engines[0].state.sleeping_tags = set()
     await fleet.next_polls()
     m = await fleet.scrape()
     stopped_at = value(m, "vllm_dp_inconsistent_utility_results", **method)
@@ -186,7 +187,7 @@ async def test_status_json_shape(fleet_factory: FleetFactory) -> None:
         assert e["enable_sleep_mode"] is True
         assert e["error"] is None
 
-    fleet.engines[1].sleeping_tags = set(ALL_TAGS)
+    fleet.engines[1].state.sleeping_tags = set(ALL_TAGS)
     await fleet.next_polls()
     _, body = await fleet.get_json("/status")
     agg = body["aggregate"]["is_sleeping"]

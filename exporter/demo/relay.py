@@ -14,7 +14,7 @@ import contextlib
 import logging
 
 from exporter.config import resolve_config
-from exporter.demo import serve_demo, spawn_engines, stop_processes
+from exporter.demo.common import DemoOptions, serve_demo, spawn_engines, stop_processes
 from exporter.ports import free_listen_port
 from exporter.sim.frontend import SimFrontend
 
@@ -35,21 +35,12 @@ async def _report_frontend(frontend: SimFrontend, every_s: float = 30.0) -> None
         )
 
 
-async def run_relay_demo(
-    engines: int,
-    listen: str,
-    admin_listen: str,
-    poll_interval: float,
-    call_timeout: float,
-    story_period: float,
-    *,
-    reset_every: float = 5.0,
-    model_name: str | None = None,
-    stop: asyncio.Event | None = None,
-) -> int:
-    """Serve the exporter (attach=relay) between a simulated front end and engines until stopped."""
-    if engines < 1:
-        raise ValueError("engines must be at least 1")
+async def run_relay_demo(options: DemoOptions, stop: asyncio.Event | None = None) -> int:
+    """Serve the exporter (attach=relay) between a simulated front end and engines until stopped.
+
+    ``options.handshake_address`` is not used: the relay and front end ports are free ones.
+    """
+    engines = options.engines
     frontend_address = f"tcp://127.0.0.1:{free_listen_port()}"
     relay_address = f"tcp://127.0.0.1:{free_listen_port()}"
     config = resolve_config(
@@ -58,26 +49,26 @@ async def run_relay_demo(
         engine_count=engines,
         handshake_address=relay_address,
         upstream_handshake_address=frontend_address,
-        listen=listen,
-        admin_listen=admin_listen,
-        poll_interval=poll_interval,
-        call_timeout=call_timeout,
+        listen=options.listen,
+        admin_listen=options.admin_listen,
+        poll_interval=options.poll_interval,
+        call_timeout=options.call_timeout,
         reset_min_interval=0.0,
-        model_name=model_name,
+        model_name=options.model_name,
     )
     frontend = SimFrontend(
-        frontend_address, engines, call_period_s=1.0, call_timeout_s=call_timeout
+        frontend_address, engines, call_period_s=1.0, call_timeout_s=options.call_timeout
     )
     await frontend.start()
     reporter = asyncio.create_task(_report_frontend(frontend))
-    procs = spawn_engines(relay_address, engines, story_period)
+    procs = spawn_engines(relay_address, engines, options.story_period)
     try:
         headline = [
             f"vllm-dp-exporter demo (attach relay): {engines} simulated engines dial the "
             f"exporter's relay port {relay_address}",
             f"  front end       simulated, handshake at {frontend_address}",
         ]
-        await serve_demo(config, headline, reset_every, stop)
+        await serve_demo(config, headline, options.reset_every, stop)
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)

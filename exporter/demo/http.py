@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 from aiohttp import web
 
 from exporter.config import resolve_config
-from exporter.demo import serve_demo
+from exporter.demo.common import DemoOptions, serve_demo
 from exporter.sim.api_server import ApiServerOptions, start_api_server
-
-log = logging.getLogger("exporter.demo")
 
 MAX_NODES = 3
 
@@ -62,40 +59,31 @@ async def stop_nodes(runners: list[web.AppRunner]) -> None:
             await runner.cleanup()
 
 
-async def run_http_demo(
-    engines: int,
-    listen: str,
-    admin_listen: str,
-    poll_interval: float,
-    call_timeout: float,
-    story_period: float,
-    *,
-    reset_every: float = 5.0,
-    model_name: str | None = None,
-    stop: asyncio.Event | None = None,
-) -> int:
-    """Serve the exporter (attach=http) against in-process simulated API servers until stopped."""
-    if engines < 1:
-        raise ValueError("engines must be at least 1")
-    runners, targets = await start_nodes(engines, story_period)
+async def run_http_demo(options: DemoOptions, stop: asyncio.Event | None = None) -> int:
+    """Serve the exporter (attach=http) against in-process simulated API servers until stopped.
+
+    ``options.handshake_address`` is not used (there is no handshake in HTTP mode).
+    """
+    engines = options.engines
+    runners, targets = await start_nodes(engines, options.story_period)
     try:
         config = resolve_config(
             None,
             attach="http",
             http_target=tuple(targets),
-            listen=listen,
-            admin_listen=admin_listen,
-            poll_interval=poll_interval,
-            call_timeout=call_timeout,
+            listen=options.listen,
+            admin_listen=options.admin_listen,
+            poll_interval=options.poll_interval,
+            call_timeout=options.call_timeout,
             reset_min_interval=0.0,
-            model_name=model_name,
+            model_name=options.model_name,
         )
         headline = [
             f"vllm-dp-exporter demo (attach http): {engines} simulated engines behind "
             f"{len(targets)} simulated vLLM API servers",
             *(f"  API server      {target}" for target in targets),
         ]
-        await serve_demo(config, headline, reset_every, stop)
+        await serve_demo(config, headline, options.reset_every, stop)
     finally:
         await stop_nodes(runners)
     return 0

@@ -1,7 +1,5 @@
-"""``vllm-dp-exporter demo``: the embedded default. Simulated engines in child processes (real
-protocol, real sockets), the exporter serving against them, and a scripted story so every
-metric moves within a minute: the fleet pauses, sleeps and wakes, one engine lags behind (an
-inconsistency window), one engine refuses prefix-cache resets half of the time.
+"""What every attach mode of the demo shares: its options, the command line, the simulated
+engine processes, the demo's reset loop and serving the exporter with the "where to look" lines.
 """
 
 from __future__ import annotations
@@ -9,35 +7,73 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import aiohttp
 
-from exporter.config import ServeConfig, resolve_config
-from exporter.ports import free_listen_port
+from exporter.config import ServeConfig
 
 log = logging.getLogger("exporter.demo")
 
+ATTACH_MODES = ("owner", "http", "relay")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """``vllm-dp-exporter demo`` flags (the defaults are the flags' defaults)."""
+
+    engines: int = 4
+    attach: str = "owner"
+    listen: str = "127.0.0.1:9400"
+    admin_listen: str = "127.0.0.1:9401"
+    handshake_address: str | None = None  # owner mode; None: a free loopback port
+    poll_interval: float = 1.0
+    call_timeout: float = 1.0
+    story_period: float = 40.0  # seconds per story cycle
+    reset_every: float = 5.0  # seconds between demo resets; 0: none
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engines < 1:
+            raise ValueError("engines must be at least 1")
+        if self.attach not in ATTACH_MODES:
+            raise ValueError(f"attach must be one of {', '.join(ATTACH_MODES)}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DemoOptions:
+        """From the flags of :func:`add_demo_arguments` (raises ValueError like the constructor)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+_DEFAULTS = DemoOptions()
+
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engines", type=int, default=4, help="number of simulated engines")
+    d = _DEFAULTS
+    p.add_argument("--engines", type=int, default=d.engines, help="number of simulated engines")
     p.add_argument(
         "--attach",
-        choices=("owner", "http", "relay"),
-        default="owner",
+        choices=ATTACH_MODES,
+        default=d.attach,
         help="owner: engines handshake with the exporter; http: simulated vLLM API servers; "
         "relay: a simulated vLLM front end with the exporter relaying its handshake",
     )
-    p.add_argument("--listen", default="127.0.0.1:9400")
-    p.add_argument("--admin-listen", default="127.0.0.1:9401")
+    p.add_argument("--listen", default=d.listen)
+    p.add_argument("--admin-listen", default=d.admin_listen)
     p.add_argument("--handshake-address", default=None, help="default: a free loopback port")
-    p.add_argument("--poll-interval", type=float, default=1.0)
-    p.add_argument("--call-timeout", type=float, default=1.0)
-    p.add_argument("--story-period", type=float, default=40.0, help="seconds per story cycle")
-    p.add_argument("--reset-every", type=float, default=5.0, help="seconds between demo resets")
+    p.add_argument("--poll-interval", type=float, default=d.poll_interval)
+    p.add_argument("--call-timeout", type=float, default=d.call_timeout)
+    p.add_argument(
+        "--story-period", type=float, default=d.story_period, help="seconds per story cycle"
+    )
+    p.add_argument(
+        "--reset-every", type=float, default=d.reset_every, help="seconds between demo resets"
+    )
     p.add_argument("--model-name", default=None)
 
 
@@ -48,6 +84,8 @@ def engine_groups(count: int, max_processes: int = 8) -> list[tuple[int, int]]:
 
 
 def spawn_engines(handshake: str, count: int, story_period: float) -> list[subprocess.Popen[bytes]]:
+    """Start ``count`` simulated engines (``sim-engine`` child processes) dialing ``handshake``,
+    all running the demo story as one fleet."""
     procs = []
     for first, n in engine_groups(count):
         cmd = [
@@ -97,29 +135,6 @@ async def reset_loop(admin_url: str, every_s: float) -> None:
                     await resp.read()
 
 
-async def run_demo_async(args: argparse.Namespace) -> int:
-    handshake = args.handshake_address or f"tcp://127.0.0.1:{free_listen_port()}"
-    config = resolve_config(
-        None,
-        attach="owner",
-        engine_count=args.engines,
-        handshake_address=handshake,
-        listen=args.listen,
-        admin_listen=args.admin_listen,
-        poll_interval=args.poll_interval,
-        call_timeout=args.call_timeout,
-        reset_min_interval=0.0,
-        model_name=args.model_name,
-    )
-    procs = spawn_engines(handshake, args.engines, args.story_period)
-    headline = [f"vllm-dp-exporter demo: {args.engines} simulated engines on {handshake}"]
-    try:
-        await serve_demo(config, headline, args.reset_every)
-    finally:
-        await asyncio.to_thread(stop_processes, procs)
-    return 0
-
-
 async def serve_demo(
     config: ServeConfig,
     headline: list[str],
@@ -151,30 +166,3 @@ async def serve_demo(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    if args.engines < 1:
-        print("vllm-dp-exporter demo: --engines must be at least 1", file=sys.stderr)
-        return 2
-    common = (
-        args.engines,
-        args.listen,
-        args.admin_listen,
-        args.poll_interval,
-        args.call_timeout,
-        args.story_period,
-    )
-    if args.attach == "http":
-        from exporter.sim.http_demo import run_http_demo
-
-        return asyncio.run(
-            run_http_demo(*common, reset_every=args.reset_every, model_name=args.model_name)
-        )
-    if args.attach == "relay":
-        from exporter.sim.relay_demo import run_relay_demo
-
-        return asyncio.run(
-            run_relay_demo(*common, reset_every=args.reset_every, model_name=args.model_name)
-        )
-    return asyncio.run(run_demo_async(args))

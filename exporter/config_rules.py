@@ -1,0 +1,166 @@
+"""The rules ``exporter.config`` applies to every setting, as tables and pure functions.
+
+Every violation is a ``ConfigError`` whose one-line message names the setting (``--flag``, or
+the config file's key) and what it must be; ``serve`` prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.error import ConfigError
+
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+HIGHEST_PORT = 65535
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+def read_text_file(path: str, what: str) -> str:
+    """A file's text, strictly UTF-8; ``what`` names it in the error (``config file``)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_token_file(path: str, what: str) -> str:
+    """The token of a token file: its content without surrounding whitespace, one line."""
+    token = read_text_file(path, what).strip()
+    if not token:
+        raise ConfigError(f"{what} {path} is empty")
+    if any(c in token for c in "\r\n"):
+        raise ConfigError(f"{what} {path} has several lines; it must hold only the token")
+    return token
+
+
+# -- types (values from a config file, or given in code) -----------------------------------
+
+_JSON_NAMES = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "a table/object",
+}
+
+
+def _shown(value: Any) -> str:
+    kind = next((n for t, n in _JSON_NAMES.items() if type(value) is t), type(value).__name__)
+    if value is None:
+        return kind
+    text = json.dumps(value, default=str)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def split_targets(text: str) -> list[str]:
+    """``http_target`` as one string: targets separated by commas or whitespace."""
+    return [t for t in text.replace(",", " ").split() if t]
+
+
+def check_type(what: str, value: Any, hint: Any) -> Any:
+    """``value`` as the setting's type (``hint``, from the dataclass; ``what`` names the
+    setting in the error): ints stay ints (never booleans), numbers become floats, ``X | None``
+    also takes None (null), and a tuple of strings also takes one string."""
+    args = typing.get_args(hint)
+    optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)) and (type(None) in args)
+    if optional:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if isinstance(value, str):
+            return tuple(split_targets(value))
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{what} must be a string or a list of strings, got {_shown(value)}")
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str) and type(value) is hint:
+        return value
+    wanted = {int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+    if optional:
+        wanted += " or null"
+    raise ConfigError(f"{what} must be {wanted}, got {_shown(value)}")
+
+
+# -- ranges ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A closed range unless an end is marked open; ``why`` is added to the message."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self) -> str:
+        low = f"{'greater than' if self.low_open else 'at least'} {self.low:g}"
+        high = f"{'less than' if self.high_open else 'at most'} {self.high:g}"
+        return f"{low} and {high}" + (f" ({self.why})" if self.why else "")
+
+
+#: Every numeric setting; None values (unset optional settings) are not checked.
+BOUNDS: dict[str, Bound] = {
+    "engine_count": Bound(0, 65536),
+    "start_rank": Bound(0, 65535),
+    "fixed_base_port": Bound(1, HIGHEST_PORT),
+    "relay_upstream_timeout": Bound(0, 300, low_open=True, why="engines wait 5 minutes"),
+    "poll_interval": Bound(0, DAY, low_open=True),
+    "call_timeout": Bound(0, HOUR, low_open=True),
+    "poll_jitter": Bound(0, 1, high_open=True),
+    "reset_min_interval": Bound(0, DAY),
+    "reset_timeout": Bound(0, HOUR, low_open=True),
+    "shutdown_grace": Bound(0, HOUR),
+}
+
+
+def check_bounds(values: Mapping[str, Any]) -> None:
+    for name, bound in BOUNDS.items():
+        value = values.get(name)
+        if value is not None and not bound.holds(value):
+            raise ConfigError(f"{flag(name)} must be {bound.describe()}, got {value!r}")
+
+
+# -- the environment -----------------------------------------------------------------------
+
+
+def unknown_env(environ: Mapping[str, str], prefix: str, known: Iterable[str]) -> list[str]:
+    """One warning per ``PREFIX*`` variable that is not a setting (with a likely spelling)."""
+    wanted = sorted(prefix + name.upper() for name in known)
+    warnings = []
+    for key in sorted(environ):
+        if key.startswith(prefix) and key not in wanted:
+            close = difflib.get_close_matches(key, wanted, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.append(f"ignoring unknown environment variable {key}{hint}")
+    return warnings

@@ -1,0 +1,84 @@
+"""The fleet-facing interface every attach mode implements, and its value types.
+
+Owner and relay mode (``EngineCoreClient`` over a ZMQ transport), HTTP mode
+(``HttpFleetClient``) and the in-memory ``FakeFleet`` all implement ``FleetClient``; the poller,
+the admin endpoint and the probe only ever see this interface and per-engine ``EngineOutcome``s.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+#: Methods the exporter may send. Anything else could change an engine's state or kill it.
+DEFAULT_ALLOWED_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "reset_prefix_cache"})
+#: vLLM's failure text for utilities that arrive between SIGTERM and exit.
+SHUTTING_DOWN = "Server shutting down"
+
+#: Called (without arguments) when an engine comes up or goes down, so a poll can report it.
+ChangeCallback = Callable[[], None]
+
+
+class Outcome(str, enum.Enum):
+    """What happened to one engine's utility call."""
+
+    OK = "ok"
+    FAILED = "failed"  # the engine answered with a failure message
+    TIMEOUT = "timeout"  # no answer within the call timeout
+    DISCONNECTED = "disconnected"  # not connected, not routable, dead or restarted
+    INCONSISTENT = "inconsistent"  # an HTTP target whose own engines disagreed
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutcome:
+    """One engine's (or HTTP target's) outcome for one call."""
+
+    engine: str
+    outcome: Outcome
+    value: Any = None
+    error: str | None = None
+    shutting_down: bool = False
+    duration_s: float | None = None
+    #: For an INCONSISTENT HTTP target: the values its own engines returned.
+    values: tuple[Any, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDetail:
+    """What the status page shows about one engine beside its poll results."""
+
+    engine: str
+    connected: bool
+    address: str
+    vllm_version: str | None = None
+    enable_sleep_mode: bool | None = None
+    handshakes: int = 0
+
+
+class FleetClient(Protocol):
+    """One outcome per engine for every call: the interface all attach modes implement."""
+
+    @property
+    def engine_labels(self) -> list[str]: ...
+
+    def engine_details(self) -> list[EngineDetail]: ...
+
+    def connected_count(self) -> int: ...
+
+    def supports(self, method: str) -> bool:
+        """Whether this attach mode can ask ``method`` at all (HTTP has no paused route)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def call_utility(
+        self, method: str, args: tuple[Any, ...] = (), *, timeout_s: float
+    ) -> list[EngineOutcome]: ...
