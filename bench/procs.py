@@ -18,13 +18,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 
 HOST = "127.0.0.1"
 
 
 def free_address() -> str:
-    return f"tcp://{HOST}:{free_port()}"
+    return f"tcp://{HOST}:{free_listen_port()}"
 
 
 def split_counts(total: int, processes: int) -> list[int]:
@@ -165,8 +165,8 @@ def serve_process(
     admin: bool = False,
     extra_args: Sequence[str] = (),
 ) -> Iterator[ServeProcess]:
-    port = free_port()
-    admin_port = free_port() if admin else None
+    port = free_listen_port()
+    admin_port = free_listen_port() if admin else None
     args = [
         "serve",
         "--attach",

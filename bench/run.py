@@ -4,7 +4,9 @@ Options: ``--quick`` (tiny smoke configuration, seconds), ``--out PATH`` (defaul
 docs/benchmarks.md), ``--sizes 1,8,64,256`` (engine counts for the in-process tables),
 ``--log-dir DIR`` (engine/serve logs; default a temporary directory), ``--skip-service``
 (in-process tables only), ``--compare PATH`` (an earlier report, which may be the ``--out`` file
-itself: adds a before/after table from the results embedded at the end of that report).
+itself: adds a before/after table from the results embedded at the end of that report),
+``--skip-flood`` (no output-address flood section), ``--flood-seconds S`` (default 20, 2 with
+``--quick``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.flood import run_flood
 from bench.inprocess import Plan, measure_size
 from bench.procs import engine_processes_for
 from bench.report import Report, machine_lines, read_baseline, render
@@ -40,6 +43,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--compare",
         metavar="PATH",
         help="an earlier report (may be the --out file): add a before/after table",
+    )
+    p.add_argument("--skip-flood", action="store_true", help="no output-address flood section")
+    p.add_argument(
+        "--flood-seconds",
+        type=float,
+        metavar="S",
+        help="length of the output-address flood (default 20, 2 with --quick)",
     )
     return p.parse_args(argv)
 
@@ -134,6 +144,14 @@ def run(args: argparse.Namespace, log_dir: Path) -> Report:
             )
         except Exception as exc:
             report.errors.append(f"flapping memory: {exc!r}")
+            traceback.print_exc()
+    if not args.skip_flood:
+        seconds = args.flood_seconds or (2.0 if quick else 20.0)
+        _log(f"serve: output-address flood, {seconds:g} s")
+        try:
+            report.flood = run_flood(seconds, log_dir)
+        except Exception as exc:
+            report.errors.append(f"flood: {exc!r}")
             traceback.print_exc()
     report.elapsed_s = time.monotonic() - started
     report.load_end = " / ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -323,10 +323,6 @@ class AdminController:
                 task.cancel()
 
 
-async def _not_found(request: web.Request) -> web.Response:
-    return web.json_response({"error": "not found"}, status=404)
-
-
 ADMIN_KEY: web.AppKey[AdminController] = web.AppKey("admin")
 
 

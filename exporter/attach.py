@@ -18,6 +18,7 @@ from yarl import URL
 
 from exporter.client import EngineCoreClient
 from exporter.config import ServeConfig
+from exporter.config_rules import read_token_file
 from exporter.error import ConfigError
 from exporter.faults import ProtocolErrorTally
 from exporter.fleet import ChangeCallback, FleetClient
@@ -76,7 +77,11 @@ def http_client(config: ServeConfig) -> HttpFleetClient:
     entries = list(config.http_target)
     if config.http_targets_file:
         entries += read_targets_file(config.http_targets_file)
-    token = read_token(config.http_token_file) if config.http_token_file else None
+    token = (
+        read_token_file(config.http_token_file, "--http-token-file")
+        if config.http_token_file
+        else None
+    )
     return HttpFleetClient(parse_targets(entries), token=token)
 
 
@@ -128,15 +133,3 @@ def parse_targets(entries: Iterable[str]) -> list[HttpTarget]:
             raise ConfigError(f"--http-target: engine label {t.label!r} is used twice")
         seen.add(t.label)
     return targets
-
-
-def read_token(path: str) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"--http-token-file {path}: {exc.strerror}") from None
-    if not token:
-        raise ConfigError(f"--http-token-file {path} is empty")
-    if any(c in token for c in "\r\n"):
-        raise ConfigError(f"--http-token-file {path}: the token must be one line")
-    return token

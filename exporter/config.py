@@ -87,15 +87,6 @@ class ServeConfig:
         return parse_host_port(self.admin_listen, "admin-listen")
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
 #: (field, type converter, help). Each becomes ``--field-name`` and ``VLLM_DP_EXPORTER_FIELD_NAME``.
 OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("attach", str, "owner (own the engines' handshake), relay, or http"),
@@ -234,10 +225,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _read_token(path: str) -> str:
-    return read_token_file(path, "--admin-token-file")
-
-
 def validate(config: ServeConfig) -> ServeConfig:
     """Check every setting; read the admin token. Returns the config with the token filled."""
     c = config
@@ -269,7 +256,9 @@ def validate(config: ServeConfig) -> ServeConfig:
             read_token_file(c.http_token_file, "--http-token-file")
     c.listen_host_port  # noqa: B018 - validates
     admin = c.admin_host_port
-    token = _read_token(c.admin_token_file) if c.admin_token_file else None
+    token = (
+        read_token_file(c.admin_token_file, "--admin-token-file") if c.admin_token_file else None
+    )
     if admin is not None and not is_loopback(admin[0]) and token is None:
         raise ConfigError(
             f"refusing to serve the admin endpoint on non-loopback address {admin[0]} without "

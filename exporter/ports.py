@@ -47,13 +47,6 @@ def free_listen_port(host: str = "127.0.0.1") -> int:
     return _kernel_port(host)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free port for something this process or a child binds a moment later. Outside the
-    ephemeral range too: the exporter binds dozens of ZMQ sockets on kernel-chosen ephemeral
-    ports at start-up, and one of them could take a port picked from that range first."""
-    return free_listen_port(host)
-
-
 def free_port_range(count: int, host: str = "127.0.0.1") -> int:
     """A base port such that base .. base+count-1 are all free right now (for fixed ports)."""
     for _ in range(200):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.ports import free_listen_port, free_port
+from exporter.ports import free_listen_port
 
-__all__ = ["free_listen_port", "free_port", "loopback_address"]
+__all__ = ["free_listen_port", "loopback_address"]
 
 DATA = Path(__file__).parent / "data"
 

@@ -31,7 +31,6 @@ from exporter.sim.state import PAUSE_MODES, Deferred, EngineState
 #: pydantic's boolean strings (what FastAPI accepts for ``bool`` query parameters).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-DEV_ROUTES = ("/is_sleeping", "/sleep", "/wake_up", "/reset_prefix_cache")
 ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

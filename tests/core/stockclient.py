@@ -16,7 +16,7 @@ from exporter.protocol import (
     encode_utility_request,
     engine_identity,
 )
-from tests.conftest import free_port
+from tests.conftest import free_listen_port
 
 
 class StockClient:
@@ -45,13 +45,13 @@ class StockClient:
             inp = ctx.socket(zmq.ROUTER)
             inp.setsockopt(zmq.LINGER, 0)
             inp.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            addr = f"tcp://{host}:{free_port()}"
+            addr = f"tcp://{host}:{free_listen_port()}"
             inp.bind(addr)
             self.inputs.append(inp)
             self.input_addresses.append(addr)
             out = ctx.socket(zmq.PULL)
             out.setsockopt(zmq.LINGER, 0)
-            addr = f"tcp://{host}:{free_port()}"
+            addr = f"tcp://{host}:{free_listen_port()}"
             out.bind(addr)
             self.outputs.append(out)
             self.output_addresses.append(addr)

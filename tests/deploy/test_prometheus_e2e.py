@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_listen_port
 from tests.deploy.conftest import DASHBOARD_FILE, ROOT, alerting_rules, load_rules, tool
 
 sys.path.insert(0, str(ROOT / "deploy" / "prometheus"))
@@ -70,7 +70,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     prometheus = tool("prometheus")
     tmp = tmp_path_factory.mktemp("prom")
-    port, admin, prom_port = free_port(), free_port(), free_port()
+    port, admin, prom_port = free_listen_port(), free_listen_port(), free_listen_port()
     demo = subprocess.Popen(
         [
             sys.executable,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.transport.http_replies import DEV_MODE_OFF
 
@@ -222,7 +222,7 @@ async def test_token_reaches_targets_and_stays_out_of_logs(
     f.write_text(token)
     caplog.set_level(logging.DEBUG)
     a = await start_api(engines=2, engine_options=[SimOptions(), SimOptions(sleeping=True)])
-    gone = f"http://{HOST}:{free_port()}"
+    gone = f"http://{HOST}:{free_listen_port()}"
     ex = await start_exporter(http_config([a.url, gone], http_token_file=str(f)))
     await ex.poll()
     async with ex.session.post(f"{ex.admin_url}/admin/reset_prefix_cache") as resp:
@@ -240,7 +240,7 @@ async def test_token_reaches_targets_and_stays_out_of_logs(
 async def owner_exporter(start_exporter: StartExporter) -> AsyncIterator[RunningExporter]:
     from exporter.config import resolve_config
 
-    handshake = f"tcp://{HOST}:{free_port()}"
+    handshake = f"tcp://{HOST}:{free_listen_port()}"
     config = resolve_config(
         None,
         environ={},

@@ -13,7 +13,7 @@ from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consens
 from exporter.attach import http_client, parse_targets, read_targets_file
 from exporter.error import ConfigError, MethodNotAllowed
 from exporter.fleet import Outcome
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 from exporter.sim.engine import SimOptions
 from exporter.transport.http import NOT_AVAILABLE, HttpFleetClient, HttpTarget
 from exporter.transport.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
@@ -143,7 +143,7 @@ async def test_unreachable_target_is_disconnected(
     start_api: StartApi, clients: list[HttpFleetClient]
 ) -> None:
     a = await start_api(engines=1)
-    dead = f"http://{HOST}:{free_port()}"
+    dead = f"http://{HOST}:{free_listen_port()}"
     client = await client_for(clients, [a.url, f"gone={dead}"])
     outcomes = await client.call_utility("is_sleeping", timeout_s=2)
     assert outcomes[0].outcome is Outcome.OK
@@ -259,7 +259,7 @@ async def test_token_reaches_server_and_is_never_logged(
     token_file.write_text(token + "\n")
     a = await start_api(engines=2, engine_options=[SimOptions(), SimOptions(sleeping=True)])
     b = await start_api(engines=1, reset_reused_connections=True)
-    gone = f"http://{HOST}:{free_port()}"
+    gone = f"http://{HOST}:{free_listen_port()}"
     config = http_config([a.url, b.url, gone], http_token_file=str(token_file))
     caplog.set_level(logging.DEBUG)
     client = http_client(config)

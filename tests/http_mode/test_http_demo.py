@@ -9,7 +9,7 @@ import aiohttp
 
 from exporter.demo.common import DemoOptions
 from exporter.demo.http import node_sizes, run_http_demo
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 
 from .conftest import HOST
 
@@ -22,13 +22,13 @@ def test_node_sizes() -> None:
 
 
 async def test_http_demo_metrics_move() -> None:
-    listen = f"{HOST}:{free_port()}"
+    listen = f"{HOST}:{free_listen_port()}"
     stop = asyncio.Event()
     options = DemoOptions(
         engines=4,
         attach="http",
         listen=listen,
-        admin_listen=f"{HOST}:{free_port()}",
+        admin_listen=f"{HOST}:{free_listen_port()}",
         poll_interval=0.1,
         call_timeout=0.5,
         story_period=2.0,

@@ -24,7 +24,7 @@ from aiohttp import web
 from exporter.client import EngineCoreClient
 from exporter.config import ServeConfig, resolve_config
 from exporter.httpguard import guarded_runner
-from exporter.ports import free_listen_port, free_port, free_port_range
+from exporter.ports import free_listen_port, free_port_range
 from exporter.runtime import Exporter
 from exporter.server import ADMIN_URL_KEY, create_app
 from exporter.sim.engine import SimEngine, SimOptions
@@ -220,7 +220,7 @@ __all__ = [
     "SimProcess",
     "can_bind",
     "eventually",
-    "free_port",
+    "free_listen_port",
     "free_port_range",
     "make_config",
     "metric",

@@ -12,7 +12,7 @@ from exporter.fleet import Outcome
 from tests.resilience.support import (
     SimProcess,
     eventually,
-    free_port,
+    free_listen_port,
     free_port_range,
     make_config,
     metric,
@@ -43,7 +43,7 @@ async def test_case4_restarted_exporter_reattaches_on_fixed_ports(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     base = free_port_range(3)
-    handshake = f"tcp://127.0.0.1:{free_port()}"
+    handshake = f"tcp://127.0.0.1:{free_listen_port()}"
     settings = dict(
         fixed_base_port=base,
         handshake_address=handshake,

@@ -27,7 +27,7 @@ from exporter.ctl import clean, format_reset, format_status
 from exporter.error import ConfigError
 from exporter.ports import free_listen_port
 from exporter.service import run_serve
-from tests.resilience.support import PYTHON, ROOT, can_bind, free_port, free_port_range
+from tests.resilience.support import PYTHON, ROOT, can_bind, free_port_range
 
 OWNER = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555", "admin_listen": "off"}
 
@@ -262,7 +262,7 @@ def test_item11_config_and_bind_errors_at_start_up(
     assert_one_line_exit_2(serve("--admin-token-file", token), "--admin-token-file", "UTF-8")
     # What was bound before the failing socket is released: engine-facing sockets on fixed
     # ports and the admin listener, when the metrics listener cannot be bound.
-    base, admin = free_port_range(3), free_port()
+    base, admin = free_port_range(3), free_listen_port()
     code, _, _ = serve(
         "--fixed-base-port", str(base), "--admin-listen", f"127.0.0.1:{admin}", "--listen", busy
     )

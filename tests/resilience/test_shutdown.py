@@ -16,14 +16,14 @@ from tests.resilience.support import (
     ROOT,
     SimProcess,
     can_bind,
-    free_port,
+    free_listen_port,
     free_port_range,
     sim_processes,
 )
 
 
 async def test_case8_sigterm_during_reset_drains_and_exits_cleanly() -> None:
-    hs_port, listen, admin = free_port(), free_port(), free_port()
+    hs_port, listen, admin = free_listen_port(), free_listen_port(), free_listen_port()
     base = free_port_range(3)
     handshake = f"tcp://127.0.0.1:{hs_port}"
     args = [

@@ -13,7 +13,7 @@ from service_support import run_cli
 
 from exporter.config import add_serve_arguments, resolve_config
 from exporter.error import ConfigError
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 
 BASE = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555"}
 
@@ -123,7 +123,7 @@ async def test_cli_refuses_public_admin_without_token() -> None:
         "--engine-count",
         "1",
         "--handshake-address",
-        f"tcp://127.0.0.1:{free_port()}",
+        f"tcp://127.0.0.1:{free_listen_port()}",
         "--listen",
         "127.0.0.1:0",
         "--admin-listen",

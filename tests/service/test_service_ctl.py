@@ -17,7 +17,7 @@ from service_support import (
     run_cli,
 )
 
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 from exporter.sim.state import ALL_TAGS
 
 TOKEN = "ctl-token-91b2c3d4e5f6"
@@ -92,7 +92,7 @@ async def test_ctl_reset_errors_exit_1(fleet_factory: FleetFactory, tmp_path: Pa
             "ctl",
             "reset-prefix-cache",
             "--admin-url",
-            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{free_listen_port()}",
             "--timeout",
             "3",
         ),
@@ -114,7 +114,9 @@ async def test_ctl_status_table_and_json(fleet_factory: FleetFactory) -> None:
     fleet = await fleet_factory(3)
     (code, out, err), (down_code, _, down_err) = await asyncio.gather(
         run_cli("ctl", "status", "--url", fleet.url),
-        run_cli("ctl", "status", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "3"),
+        run_cli(
+            "ctl", "status", "--url", f"http://127.0.0.1:{free_listen_port()}", "--timeout", "3"
+        ),
     )
     assert down_code == 1 and "ctl:" in down_err
     assert code == 0, err
@@ -151,8 +153,8 @@ async def test_serve_subprocess_audit_lines_on_stderr(tmp_path: Path) -> None:
     """The real ``serve`` and ``sim-engine`` processes: one JSON audit line per admin request on
     stderr, and the token in none of the output."""
     token_path = write_token(tmp_path)
-    handshake = f"tcp://127.0.0.1:{free_port()}"
-    port, admin_port = free_port(), free_port()
+    handshake = f"tcp://127.0.0.1:{free_listen_port()}"
+    port, admin_port = free_listen_port(), free_listen_port()
     serve = await asyncio.create_subprocess_exec(
         *python_cmd(
             "--log-level",

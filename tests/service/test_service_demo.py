@@ -20,7 +20,7 @@ from service_support import (
     terminate,
 )
 
-from exporter.ports import free_port
+from exporter.ports import free_listen_port
 
 
 def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | None:
@@ -41,7 +41,7 @@ def _run_demo_until(
 ) -> None:
     """Start ``demo --attach ATTACH``, wait until ``check(metrics)`` holds, SIGTERM: exit 0
     within a few seconds and no orphaned child processes."""
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_listen_port(), free_listen_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / f"demo-{attach}.log"
     log = log_path.open("w+b")
