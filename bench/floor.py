@@ -9,6 +9,7 @@ encoder and the INIT encoder are borrowed from ``exporter.protocol``.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -69,7 +70,7 @@ class FloorClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise FloorError(f"floor: {len(ready)}/{self.count} engines ready in {timeout_s}s")
-            for sock, _ in poller.poll(remaining * 1000):
+            for sock, _ in poller.poll(math.ceil(remaining * 1000)):
                 identity, payload = sock.recv_multipart()
                 if sock is self.input:
                     registered.add(identity)
@@ -97,7 +98,7 @@ class FloorClient:
                 frame = recv(_NOBLOCK)
             except zmq.Again:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not wait(remaining * 1000):
+                if remaining <= 0 or not wait(math.ceil(remaining * 1000)):
                     raise FloorError(f"floor: no reply within {timeout_s}s") from None
                 continue
             reply = _decode(frame)

@@ -110,8 +110,8 @@ def key_metrics(report: Report) -> dict[str, float]:
     if report.serve_cpu is not None:
         c = report.serve_cpu
         m[f"N={c.n} serve CPU share at {c.poll_interval:g} s (%)"] = c.share * 100
-    for r in report.rss:
-        m[f"N={r.n} serve RSS (MiB)"] = r.rss_kib / 1024
+    for rss in report.rss:
+        m[f"N={rss.n} serve RSS (MiB)"] = rss.rss_kib / 1024
     if report.flap is not None and len(report.flap.points) >= 2:
         pts = report.flap.points
         m["flapping RSS growth (MiB)"] = (pts[-1][1] - pts[0][1]) / 1024

@@ -1,7 +1,10 @@
-"""The admin listener: ``POST /admin/reset_prefix_cache`` on every engine, AND semantics.
+"""The admin listener: collective actions on every engine (``POST /admin/<action>``):
+``reset_prefix_cache`` (AND semantics) and the actions of ``exporter.actions`` (sleep, wake_up,
+pause, resume, weight_version, reset_mm_cache, reset_encoder_cache), each verified by reading
+the state back on every engine where the engine exposes it.
 
 Secured by default: bearer token compared in constant time (never logged), failed tokens rate
-limited per source address (a correct token is always accepted), one reset at a time (409),
+limited per source address (a correct token is always accepted), one action at a time (409),
 Idempotency-Key replay (``exporter.admin_guard``), a minimum interval (429), small request
 bodies, chunked or not (413), POST only (405). Every request leaves one JSON audit line on
 stderr.
@@ -12,18 +15,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from exporter.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
+from exporter.actions import (
+    ACTIONS,
+    ActionRequest,
+    BadRequest,
+    engine_id,
+    run_action,
+    run_verify_weights,
+)
+from exporter.admin_guard import (
+    AuthThrottle,
+    IdempotencyStore,
+    Replay,
+    read_body_bounded,
+    source_key,
+    stderr_audit,
+)
 from exporter.aggregate import AllTrueVerdict, aggregate_all_true
 from exporter.fleet import Outcome
 from exporter.protocol import reset_args
@@ -38,10 +53,13 @@ MAX_ADMIN_BODY = 1024
 BODY_TIMEOUT_S = 5.0
 #: Answers of completed resets: stored and replayed for Idempotency-Key retries.
 STORED_STATUSES = frozenset({200, 502})
-
-
-class BadRequest(Exception):
-    """A malformed admin request; the message names the parameter."""
+RELAY_REFUSAL = (
+    "{action} changes engine state, and in relay mode the stock front end would not learn of "
+    "it (its own vllm:engine_sleep_state would go stale); run it through the front end, or "
+    "start the exporter with --relay-allow-state-changes"
+)
+Parser = Callable[[dict[str, list[str]], bytes], ActionRequest]
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -73,9 +91,10 @@ def parse_reset_flags(query: dict[str, list[str]]) -> dict[str, bool]:
     }
 
 
-def engine_id(label: str) -> int | str:
-    """Engine indices as numbers (the HTTP contract), HTTP target names as strings."""
-    return int(label) if label.isdigit() else label
+def parse_reset(query: dict[str, list[str]], body: bytes) -> ActionRequest:
+    flags = parse_reset_flags(query)
+    args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
+    return ActionRequest("reset_prefix_cache", "reset_prefix_cache", args, flags, expect_true=True)
 
 
 def reset_body(
@@ -103,41 +122,6 @@ def reset_body(
     }
 
 
-async def read_body_bounded(
-    request: web.Request, limit: int, timeout_s: float
-) -> tuple[int, str] | None:
-    """Read (and drop) the request body, chunked or not, never more than ``limit`` + 1 bytes
-    and for at most ``timeout_s``. Returns None, or the status and error to answer."""
-    if request.content_length is not None and request.content_length > limit:
-        return 413, "request body too large"
-
-    async def drain() -> bool:
-        size = 0
-        while True:
-            chunk = await request.content.read(limit + 1 - size)
-            if not chunk:
-                return True
-            size += len(chunk)
-            if size > limit:
-                return False
-
-    try:
-        within = await asyncio.wait_for(drain(), timeout_s)
-    except asyncio.TimeoutError:
-        return 408, "request body not received in time"
-    except (
-        ConnectionError,
-        aiohttp.ClientPayloadError,
-        aiohttp.http_exceptions.HttpProcessingError,
-    ):
-        return 400, "request body incomplete"
-    return None if within else (413, "request body too large")
-
-
-def stderr_audit(record: dict[str, Any]) -> None:
-    print(json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)
-
-
 class AdminController:
     """State of the admin endpoint: single flight, idempotency cache, rate limits."""
 
@@ -152,6 +136,7 @@ class AdminController:
         self._audit = audit
         self._clock = clock
         self._inflight: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
+        self._inflight_action = ""
         self._last_reset: float | None = None
         self.idempotency = IdempotencyStore(clock=clock)
         self.auth_throttle = AuthThrottle(clock=clock)
@@ -174,27 +159,48 @@ class AdminController:
 
     # -- the request -----------------------------------------------------------------------
 
-    async def handle(self, request: web.Request) -> web.Response:
+    def route(self, action: str, parse: Parser, state_changing: bool) -> Handler:
+        """The aiohttp handler of ``POST /admin/<action>``."""
+
+        async def handler(request: web.Request) -> web.Response:
+            return await self.handle(request, action, parse, state_changing)
+
+        return handler
+
+    async def handle(
+        self,
+        request: web.Request,
+        action: str = "reset_prefix_cache",
+        parse: Parser | None = None,
+        state_changing: bool = False,
+    ) -> web.Response:
         started = time.perf_counter()
         audit: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "event": "admin_request",
-            "action": "reset_prefix_cache",
+            "action": action,
             "client": request.remote,
         }
         try:
-            status, body, headers = await self._decide(request, audit)
+            status, body, headers = await self._decide(
+                request, audit, action, parse or parse_reset, state_changing
+            )
         except Exception:  # a bug: still answered, audited and counted, never a bare 500
             log.exception("admin request failed")
             audit["outcome"] = "internal_error"
             status, body, headers = 500, {"error": "internal error"}, {}
         audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
-        self.exporter.stats.admin_requests[("reset_prefix_cache", str(status))] += 1
+        self.exporter.stats.record_admin_request(action, status)
         self._audit(audit)
         return web.json_response(body, status=status, headers=headers)
 
     async def _decide(
-        self, request: web.Request, audit: dict[str, Any]
+        self,
+        request: web.Request,
+        audit: dict[str, Any],
+        action: str,
+        parse: Parser,
+        state_changing: bool,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         if not self._token_ok(request):
             # Only failed attempts are throttled, and per source: a correct token is always
@@ -215,17 +221,21 @@ class AdminController:
                 {"error": "missing or invalid bearer token"},
                 {"WWW-Authenticate": 'Bearer realm="vllm-dp-exporter"'},
             )
-        problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
-        if problem is not None:
+        body_or_problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
+        if isinstance(body_or_problem, tuple):
             audit["outcome"] = "bad_request"
-            return problem[0], {"error": problem[1]}, {}
+            return body_or_problem[0], {"error": body_or_problem[1]}, {}
         try:
-            flags = parse_reset_flags({k: request.query.getall(k) for k in request.query})
+            parsed = parse({k: request.query.getall(k) for k in request.query}, body_or_problem)
         except BadRequest as exc:
             audit["outcome"] = "bad_request"
             return 400, {"error": str(exc)}, {}
-        audit["flags"] = flags
-        fingerprint = tuple(sorted(flags.items()))
+        audit["params" if action != "reset_prefix_cache" else "flags"] = dict(parsed.params)
+        config = self.exporter.config
+        if state_changing and config.attach == "relay" and not config.relay_allow_state_changes:
+            audit["outcome"] = "refused_in_relay_mode"
+            return 403, {"error": RELAY_REFUSAL.format(action=action)}, {}
+        fingerprint = parsed.fingerprint
         key = request.headers.get("Idempotency-Key")
         if key is not None:
             if not 0 < len(key) <= 200:
@@ -245,19 +255,22 @@ class AdminController:
                 return seen.status, seen.body, {"Idempotency-Replayed": "true"}
         if self._inflight is not None and not self._inflight.done():
             audit["outcome"] = "conflict"
-            return 409, {"error": "a prefix-cache reset is already running"}, {}
-        min_interval = self.exporter.config.reset_min_interval
-        if self._last_reset is not None:
-            wait = min_interval - (self._clock() - self._last_reset)
-            if wait > 0:
-                audit["outcome"] = "rate_limited"
-                return (
-                    429,
-                    {"error": f"resets are limited to one every {min_interval:g}s"},
-                    {"Retry-After": str(math.ceil(wait))},
-                )
-        self._last_reset = self._clock()
-        self._inflight = asyncio.create_task(self._keyed_reset(flags, key))
+            running = self._inflight_action
+            return 409, {"error": f"an admin action ({running}) is already running"}, {}
+        if action == "reset_prefix_cache":
+            min_interval = config.reset_min_interval
+            if self._last_reset is not None:
+                wait = min_interval - (self._clock() - self._last_reset)
+                if wait > 0:
+                    audit["outcome"] = "rate_limited"
+                    return (
+                        429,
+                        {"error": f"resets are limited to one every {min_interval:g}s"},
+                        {"Retry-After": str(math.ceil(wait))},
+                    )
+            self._last_reset = self._clock()
+        self._inflight_action = action
+        self._inflight = asyncio.create_task(self._keyed(parsed, key))
         if key is not None:  # held from now on, released however the task ends
             self.idempotency.begin(key, fingerprint)
             self._inflight.add_done_callback(lambda _: self.idempotency.finish(key, None))
@@ -267,17 +280,46 @@ class AdminController:
         audit["failed_engines"] = body.get("failed_engines", [])
         return status, body, {}
 
-    async def _keyed_reset(
-        self, flags: dict[str, bool], key: str | None
-    ) -> tuple[int, dict[str, Any]]:
-        """The reset; its Idempotency-Key's answer is stored only when the reset completed
+    async def _keyed(self, request: ActionRequest, key: str | None) -> tuple[int, dict[str, Any]]:
+        """The action; its Idempotency-Key's answer is stored only when the action completed
         (200 or 502; not 503 "no engine connected")."""
-        status, body = await self._reset(flags)
+        if request.action == "reset_prefix_cache":
+            status, body = await self._reset(dict(request.params))
+        else:
+            status, body = await self._action(request)
         if key is not None and status in STORED_STATUSES:
             self.idempotency.finish(key, Replay(status, body))
         return status, body
 
-    async def _reset(self, flags: dict[str, bool]) -> tuple[int, dict[str, Any]]:
+    async def _action(self, request: ActionRequest) -> tuple[int, dict[str, Any]]:
+        exporter = self.exporter
+        config = exporter.config
+        stats = exporter.stats
+        if request.action == "verify_weights":
+            result = await run_verify_weights(
+                exporter.client, timeout_s=config.verify_weights_timeout
+            )
+            if "mismatches" in result.extra:
+                stats.record_weight_verification(result.extra["mismatches"], time.time())
+        else:
+            result = await run_action(exporter.client, request, timeout_s=config.action_timeout)
+        verdict = result.verdict
+        if verdict is None:
+            stats.record_action(request.action, "failure")
+            return result.status, result.body
+        stats.record_action(
+            request.action, verdict.outcome, [(e.engine, e.reason or "") for e in verdict.failures]
+        )
+        if not verdict.success:
+            log.warning(
+                "%s %s: %s",
+                request.action,
+                verdict.outcome,
+                ", ".join(f"engine {e.engine} {e.reason}" for e in verdict.failures),
+            )
+        return result.status, result.body
+
+    async def _reset(self, flags: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         exporter = self.exporter
         stats = exporter.stats
         started = time.perf_counter()
@@ -286,7 +328,8 @@ class AdminController:
         outcomes = await exporter.client.call_utility("reset_prefix_cache", args, timeout_s=timeout)
         stats.record_calls("reset_prefix_cache", outcomes)
         if all(o.outcome is Outcome.DISCONNECTED for o in outcomes):
-            stats.resets["failure"] += 1
+            stats.record_reset("failure")
+            stats.record_action("reset_prefix_cache", "failure")
             body = {
                 "success": False,
                 "outcome": "failure",
@@ -298,13 +341,12 @@ class AdminController:
             return 503, body
         duration = time.perf_counter() - started
         verdict = aggregate_all_true("reset_prefix_cache", outcomes)
-        stats.resets[verdict.outcome] += 1
-        stats.reset_durations.observe(duration)
-        for f in verdict.failures:
-            stats.reset_engine_failures[(f.engine, f.reason)] += 1
-        if verdict.success:
-            stats.last_reset_success_unix = time.time()
-        else:
+        failures = [(f.engine, f.reason) for f in verdict.failures]
+        stats.record_reset(
+            verdict.outcome, failures, duration, time.time() if verdict.success else None
+        )
+        stats.record_action("reset_prefix_cache", verdict.outcome, failures)
+        if not verdict.success:
             log.warning(
                 "prefix-cache reset %s: %s",
                 verdict.outcome,
@@ -334,6 +376,9 @@ def create_admin_app(
     controller = AdminController(exporter, audit=audit)
     app[ADMIN_KEY] = controller
     app.router.add_post(RESET_PATH, controller.handle)
+    for spec in ACTIONS.values():
+        handler = controller.route(spec.name, spec.parse, spec.state_changing)
+        app.router.add_post(f"/admin/{spec.name}", handler)
 
     async def shutdown() -> None:
         await controller.drain(exporter.config.shutdown_grace)

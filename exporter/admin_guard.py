@@ -12,12 +12,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import json
+import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
 
 Clock = Callable[[], float]
 
@@ -168,3 +174,38 @@ class IdempotencyStore:
         stored = [k for k, e in self._entries.items() if e.answer is not None]
         for old in stored[: max(len(stored) - self.max_keys, 0)]:
             del self._entries[old]
+
+
+async def read_body_bounded(
+    request: web.Request, limit: int, timeout_s: float
+) -> bytes | tuple[int, str]:
+    """The request body, chunked or not, reading never more than ``limit`` + 1 bytes and for
+    at most ``timeout_s``. Returns the body, or the status and error to answer."""
+    if request.content_length is not None and request.content_length > limit:
+        return 413, "request body too large"
+    received = bytearray()
+
+    async def drain() -> bool:
+        while True:
+            chunk = await request.content.read(limit + 1 - len(received))
+            if not chunk:
+                return True
+            received.extend(chunk)
+            if len(received) > limit:
+                return False
+
+    try:
+        within = await asyncio.wait_for(drain(), timeout_s)
+    except asyncio.TimeoutError:
+        return 408, "request body not received in time"
+    except (
+        ConnectionError,
+        aiohttp.ClientPayloadError,
+        aiohttp.http_exceptions.HttpProcessingError,
+    ):
+        return 400, "request body incomplete"
+    return bytes(received) if within else (413, "request body too large")
+
+
+def stderr_audit(record: dict[str, Any]) -> None:
+    print(json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)

@@ -54,6 +54,22 @@ def _add_sim_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--story-period", type=float, metavar="S", help="run the demo story")
     p.add_argument("--fleet-start", type=int, help="story: first index of the whole fleet")
     p.add_argument("--fleet-size", type=int, help="story: engines in the whole fleet")
+    p.add_argument("--weight-version", help="get_weight_version's answer until one is set")
+    p.add_argument(
+        "--corrupt-param", metavar="NAME", help="compute_weight_checksums: NAME's digest differs"
+    )
+    p.add_argument(
+        "--ignore-state-changes",
+        action="store_true",
+        help="sleep/wake_up/pause/resume/set_weight_version succeed but change nothing",
+    )
+    p.add_argument(
+        "--missing-method",
+        action="append",
+        default=[],
+        metavar="METHOD",
+        help="answer METHOD with vLLM's 'has no attribute' failure (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +136,10 @@ def _run_sim_engine(args: argparse.Namespace) -> int:
         enable_sleep_mode=not args.no_sleep_mode,
         handshake_timeout_s=args.handshake_timeout,
         story_period_s=args.story_period,
+        weight_version=args.weight_version,
+        corrupt_param=args.corrupt_param,
+        ignore_state_changes=args.ignore_state_changes,
+        missing_methods=frozenset(args.missing_method),
     )
     indices = list(range(args.engine_index, args.engine_index + args.engine_count))
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -180,9 +180,10 @@ class EngineCoreClient:
         args: tuple[Any, ...] = (),
         *,
         timeout_s: float,
-        engines: Sequence[int] | None = None,
+        engines: Collection[str] | None = None,
     ) -> list[EngineOutcome]:
-        """Call ``method`` on every engine at once; one outcome per engine, in engine order.
+        """Call ``method`` on every engine (or the ``engines`` labelled so) at once; one
+        outcome per engine called, in engine order.
 
         Engines that are not connected get DISCONNECTED without a send; every other engine
         gets the shared deadline ``timeout_s``, so a hung engine delays nothing beyond it.
@@ -190,7 +191,10 @@ class EngineCoreClient:
         if method not in self._allowed:
             raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
         transport = self.transport
-        indices = list(dict.fromkeys(transport.engine_indices if engines is None else engines))
+        indices = transport.engine_indices
+        if engines is not None:
+            wanted = set(engines)
+            indices = [i for i in indices if self._label(i) in wanted]
         fanout = _FanOut(asyncio.get_running_loop(), len(indices))
         results = fanout.results
         sent: list[int] = []
@@ -291,7 +295,9 @@ class EngineCoreClient:
 
     async def _confirm_death(self, engine_index: int) -> None:
         (outcome,) = await self.call_utility(
-            "is_sleeping", timeout_s=self._death_confirm_timeout_s, engines=[engine_index]
+            "is_sleeping",
+            timeout_s=self._death_confirm_timeout_s,
+            engines=[self._label(engine_index)],
         )
         if outcome.outcome in (Outcome.OK, Outcome.FAILED):  # it answered: alive
             self._errors.record(

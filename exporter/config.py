@@ -12,6 +12,7 @@ import argparse
 import ipaddress
 import json
 import os
+import sys
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -31,6 +32,18 @@ from exporter.config_rules import (
 from exporter.error import ConfigError
 
 ENV_PREFIX = "VLLM_DP_EXPORTER_"
+
+
+def parse_switch(text: str) -> bool:
+    """A boolean setting's text: true/false, 1/0, yes/no, on/off (any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
 #: An engine waits 5 minutes for INIT from the moment it sent HELLO. The relay drops a HELLO
 #: still queued for the front end a little before that, so a front end that comes up late never
 #: receives a HELLO from an engine that has already given up.
@@ -54,8 +67,8 @@ class ServeConfig:
     http_target: tuple[str, ...] = ()
     http_targets_file: str | None = None
     http_token_file: str | None = None
-    listen: str = "0.0.0.0:9400"
-    admin_listen: str = "127.0.0.1:9401"
+    listen: str = "0.0.0.0:19400"
+    admin_listen: str = "127.0.0.1:19401"
     admin_token_file: str | None = None
     poll_interval: float = 5.0
     call_timeout: float = 10.0
@@ -64,6 +77,10 @@ class ServeConfig:
     reset_min_interval: float = 1.0
     reset_timeout: float | None = None
     shutdown_grace: float = 3.0
+    action_timeout: float = 60.0
+    verify_weights_timeout: float = 300.0
+    gate_min_interval: float = 0.2
+    relay_allow_state_changes: bool = False
     admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
 
     def fleet_shape(self) -> dict[str, Any]:
@@ -120,6 +137,18 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("reset_min_interval", float, "minimum seconds between two prefix-cache resets"),
     ("reset_timeout", float, "seconds to wait for reset replies (default: call timeout)"),
     ("shutdown_grace", float, "seconds an in-flight admin reset may take at shutdown"),
+    (
+        "action_timeout",
+        float,
+        "seconds to wait for an admin action's replies and its read-back (sleep, wake_up, ...)",
+    ),
+    ("verify_weights_timeout", float, "seconds to wait for every engine's weight checksums"),
+    ("gate_min_interval", float, "GET /gate runs at most one fresh fan-out this often (seconds)"),
+    (
+        "relay_allow_state_changes",
+        parse_switch,
+        "relay mode: allow sleep/wake_up/pause/resume/weight_version beside the front end",
+    ),
     ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
 )
 _TYPES = {name: conv for name, conv, _ in OPTIONS}
@@ -137,6 +166,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         text += f"; env {ENV_PREFIX}{name.upper()}"
         if name == "http_target":
             parser.add_argument(flag, action="append", default=None, help=text)
+        elif conv is parse_switch:
+            parser.add_argument(flag, type=conv, nargs="?", const=True, default=None, help=text)
         else:
             parser.add_argument(flag, type=conv, default=None, help=text)
 
@@ -145,14 +176,14 @@ def _load_file(path: str) -> dict[str, Any]:
     p = Path(path)
     text = read_text_file(path, "config file")
     try:
-        if p.suffix == ".toml":
-            import tomllib  # Python 3.11+
+        if p.suffix != ".toml":
+            data: Any = json.loads(text)
+        elif sys.version_info >= (3, 11):
+            import tomllib
 
-            data: Any = tomllib.loads(text)
+            data = tomllib.loads(text)
         else:
-            data = json.loads(text)
-    except ImportError:
-        raise ConfigError("TOML config files need Python 3.11+; use JSON") from None
+            raise ConfigError("TOML config files need Python 3.11+; use JSON")
     except ValueError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     if not isinstance(data, dict):

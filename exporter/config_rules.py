@@ -95,9 +95,11 @@ def check_type(what: str, value: Any, hint: Any) -> Any:
         raise ConfigError(f"{what} must be a string or a list of strings, got {_shown(value)}")
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if hint in (int, str) and type(value) is hint:
+    if hint in (int, str, bool) and type(value) is hint:
         return value
-    wanted = {int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+    wanted = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(
+        hint, str(hint)
+    )
     if optional:
         wanted += " or null"
     raise ConfigError(f"{what} must be {wanted}, got {_shown(value)}")
@@ -141,6 +143,9 @@ BOUNDS: dict[str, Bound] = {
     "reset_min_interval": Bound(0, DAY),
     "reset_timeout": Bound(0, HOUR, low_open=True),
     "shutdown_grace": Bound(0, HOUR),
+    "action_timeout": Bound(0, HOUR, low_open=True),
+    "verify_weights_timeout": Bound(0, HOUR, low_open=True),
+    "gate_min_interval": Bound(0, 60),
 }
 
 

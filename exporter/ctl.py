@@ -27,7 +27,7 @@ EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 2
 def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="ctl_command", required=True)
     reset = sub.add_parser("reset-prefix-cache", help="reset the prefix cache on every engine")
-    reset.add_argument("--admin-url", default="http://127.0.0.1:9401")
+    reset.add_argument("--admin-url", default="http://127.0.0.1:19401")
     reset.add_argument("--token-file", default=None)
     reset.add_argument("--reset-running-requests", action="store_true")
     reset.add_argument("--reset-connector", action="store_true")
@@ -35,7 +35,7 @@ def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
     reset.add_argument("--json", action="store_true", help="print the JSON answer")
     reset.add_argument("--timeout", type=float, default=60.0)
     status = sub.add_parser("status", help="print the per-engine state")
-    status.add_argument("--url", default="http://127.0.0.1:9400")
+    status.add_argument("--url", default="http://127.0.0.1:19400")
     status.add_argument("--json", action="store_true", help="print the JSON answer")
     status.add_argument("--timeout", type=float, default=10.0)
 
@@ -94,20 +94,28 @@ def format_status(body: dict[str, Any]) -> str:
         f"fleet: {verdict}  engines connected {body.get('engines_connected')}/"
         f"{body.get('engines_expected')}  last poll #{body.get('last_poll', {}).get('number')}"
     )
-    if agg.get("error"):
-        head += f"\n{clean(agg['error'])}"
+    weights = body.get("aggregate", {}).get("get_weight_version", {})
+    if weights.get("state") == "consistent":
+        head += f"  weights {clean(_text(weights.get('value')))}"
+    elif weights.get("state") == "inconsistent":
+        head += "  weights INCONSISTENT"
+    for verdict_body in (agg, weights):
+        if verdict_body.get("error"):
+            head += f"\n{clean(verdict_body['error'])}"
     rows = [
         [
             _text(e.get("engine")),
             _text(e.get("state")),
             "up" if e.get("up") else "down",
             _text(e.get("outcome")),
+            _text(e.get("weight_version")),
             _text(e.get("vllm_version")),
             _text(e.get("error")),
         ]
         for e in body.get("engines", [])
     ]
-    return head + "\n" + table(["ENGINE", "STATE", "UP", "OUTCOME", "VLLM", "ERROR"], rows)
+    headers = ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "ERROR"]
+    return head + "\n" + table(headers, rows)
 
 
 async def _reset(args: argparse.Namespace) -> int:

@@ -8,12 +8,29 @@ the admin endpoint and the probe only ever see this interface and per-engine ``E
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-#: Methods the exporter may send. Anything else could change an engine's state or kill it.
-DEFAULT_ALLOWED_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "reset_prefix_cache"})
+#: Read-only methods: the poller and the gate send only these.
+READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
+#: State-changing and expensive methods: sent only by an operator's admin request.
+ACTION_METHODS = frozenset(
+    {
+        "reset_prefix_cache",
+        "reset_mm_cache",
+        "reset_encoder_cache",
+        "sleep",
+        "wake_up",
+        "pause_scheduler",
+        "resume_scheduler",
+        "set_weight_version",
+        "compute_weight_checksums",
+    }
+)
+#: Methods the exporter may send at all. Anything else could change an engine's state or kill
+#: it (any attribute of the engine is callable by whoever reaches its input socket).
+DEFAULT_ALLOWED_METHODS = READ_METHODS | ACTION_METHODS
 #: vLLM's failure text for utilities that arrive between SIGTERM and exit.
 SHUTTING_DOWN = "Server shutting down"
 
@@ -80,5 +97,13 @@ class FleetClient(Protocol):
     async def close(self) -> None: ...
 
     async def call_utility(
-        self, method: str, args: tuple[Any, ...] = (), *, timeout_s: float
-    ) -> list[EngineOutcome]: ...
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
+    ) -> list[EngineOutcome]:
+        """One outcome per engine called (``engines``, labels; None: every engine), in
+        engine order."""
+        ...

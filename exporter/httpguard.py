@@ -93,10 +93,13 @@ class GuardedAppRunner(web.AppRunner):
         self.header_timeout_s = header_timeout_s
         self.header_deadline: HeaderDeadline | None = None
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+    async def setup(self) -> None:
+        """Set up as ``web.AppRunner`` does, then guard its (public, read-only) ``server``
+        before any site starts accepting connections."""
+        await super().setup()
+        server = self.server
+        assert server is not None
         self.header_deadline = HeaderDeadline(server, self.header_timeout_s)
-        return server
 
 
 def guarded_runner(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,9 +26,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from exporter import __version__
 from exporter.aggregate import FleetState
 from exporter.faults import ProtocolErrorTally
+from exporter.invariants import WEIGHT_VERSION
 from exporter.metrics_catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
 from exporter.snapshot import FleetSnapshot
-from exporter.stats import Histogram, Stats
+from exporter.stats import Stats, histogram_rows
 
 Labels = tuple[str, ...]
 
@@ -66,8 +68,10 @@ class _Builder:
         for labels, value in sorted(rows.items()):
             self.add(fam, labels, float(value))
 
-    def histogram(self, fam: Family, labels: Labels, hist: Histogram) -> None:
-        fam.histograms.append(((*labels, *self.extra_values), hist.cumulative(), hist.total))
+    def histograms(self, name: str, hist: Histogram) -> None:
+        fam = self.family(name)
+        for labels, buckets, total in histogram_rows(hist):
+            fam.histograms.append(((*labels, *self.extra_values), buckets, total))
 
 
 def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
@@ -97,6 +101,7 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
     state = b.family("vllm_dp_engine_state")
     last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
     info = b.family("vllm_dp_engine_info")
+    weights = b.family("vllm_dp_engine_weight_version_info")
     for e in snap.engines:
         engine = (e.engine,)
         b.add(up, engine, 1.0 if e.up else 0.0)
@@ -113,6 +118,8 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
         if d.vllm_version is not None or d.enable_sleep_mode is not None:
             mode = "" if d.enable_sleep_mode is None else str(d.enable_sleep_mode).lower()
             b.add(info, (e.engine, d.vllm_version or "", mode), 1.0)
+        if e.known(WEIGHT_VERSION) and e.up:
+            b.add(weights, (e.engine, e.weight_version or ""), 1.0)
 
 
 def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
@@ -124,6 +131,10 @@ def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
         b.add(consistent, (), 1.0)
     elif verdict.state is FleetState.INCONSISTENT:
         b.add(consistent, (), 0.0)
+    weights = b.family("vllm_dp_weight_version_consistent")
+    state = snap.weight_version.state
+    if state is not FleetState.UNKNOWN:
+        b.add(weights, (), 1.0 if state is FleetState.CONSISTENT else 0.0)
     fleet = b.family("vllm_dp_fleet_state")
     for s in FLEET_STATES:
         b.add(fleet, (s,), 1.0 if s == verdict.state.value else 0.0)
@@ -140,15 +151,18 @@ def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
 def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_relay: bool) -> None:
     b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
     b.counter("vllm_dp_utility_calls_total", st.utility_calls)
-    calls = b.family("vllm_dp_utility_call_duration_seconds")
-    for method, hist in sorted(st.call_durations.items()):
-        b.histogram(calls, (method,), hist)
+    b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
     b.counter("vllm_dp_prefix_cache_resets_total", _single(st.resets))
     b.counter("vllm_dp_prefix_cache_reset_engine_failures_total", st.reset_engine_failures)
-    b.histogram(b.family("vllm_dp_prefix_cache_reset_duration_seconds"), (), st.reset_durations)
+    b.histograms("vllm_dp_prefix_cache_reset_duration_seconds", st.reset_durations)
     last_reset = b.family("vllm_dp_prefix_cache_last_success_timestamp_seconds")
     if st.last_reset_success_unix is not None:
         b.add(last_reset, (), st.last_reset_success_unix)
+    b.counter("vllm_dp_admin_actions_total", st.admin_actions)
+    b.counter("vllm_dp_admin_action_engine_failures_total", st.admin_action_failures)
+    mismatches = b.family("vllm_dp_weight_checksum_mismatches")
+    for engine, count in sorted(st.weight_checksum_mismatches.items()):
+        b.add(mismatches, (engine,), float(count))
     b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
     b.counter("vllm_dp_task_failures_total", _single(errors.task_failures))
     b.counter("vllm_dp_polls_total", {(): st.polls})

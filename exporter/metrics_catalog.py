@@ -34,6 +34,18 @@ FLEET_STATES = ("consistent", "inconsistent", "unknown")
 CALL_OUTCOMES = ("ok", "failed", "timeout", "disconnected", "inconsistent")
 RESET_OUTCOMES = ("success", "partial_failure", "failure")
 RESET_FAILURE_REASONS = ("refused", "failed", "timeout", "disconnected")
+#: Every admin action (exporter.actions, the prefix-cache reset, the weight verification).
+ADMIN_ACTIONS = (
+    "reset_prefix_cache",
+    "sleep",
+    "wake_up",
+    "pause",
+    "resume",
+    "weight_version",
+    "reset_mm_cache",
+    "reset_encoder_cache",
+    "verify_weights",
+)
 
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -75,6 +87,20 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         ("engine", "vllm_version", "enable_sleep_mode"),
         "Always 1; labels from the engine's start-up registration message.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_weight_version_info",
+        "gauge",
+        ("engine", "weight_version"),
+        "Always 1; the engine's last get_weight_version answer as a label (empty when never "
+        "set); absent while unknown or unsupported by the engine's vLLM version.",
+    ),
+    MetricSpec(
+        "vllm_dp_weight_version_consistent",
+        "gauge",
+        (),
+        "1 when every engine reports the same weight version, 0 when they disagree; absent "
+        "while unknown.",
     ),
     MetricSpec(
         "vllm_dp_sleeping",
@@ -140,6 +166,28 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         (),
         "Unix time of the last prefix-cache reset that every engine confirmed.",
+    ),
+    MetricSpec(
+        "vllm_dp_admin_actions_total",
+        "counter",
+        ("action", "outcome"),
+        "Completed admin actions (sleep, wake_up, pause, resume, weight_version, cache resets, "
+        "verify_weights), by outcome: success (every engine confirmed and, where readable, "
+        "shows the state), partial_failure, failure.",
+    ),
+    MetricSpec(
+        "vllm_dp_admin_action_engine_failures_total",
+        "counter",
+        ("action", "engine", "reason"),
+        "Engines that did not confirm an admin action, by reason (refused, failed, timeout, "
+        "disconnected, unsupported, unverified: accepted but the state read back differs).",
+    ),
+    MetricSpec(
+        "vllm_dp_weight_checksum_mismatches",
+        "gauge",
+        ("engine",),
+        "Parameters whose weight checksum differs from the majority of DP ranks, in the last "
+        "verify_weights; absent before the first.",
     ),
     MetricSpec(
         "vllm_dp_engines_expected",

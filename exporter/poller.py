@@ -1,6 +1,7 @@
-"""Every poll interval: aggregated ``is_sleeping`` and ``is_scheduler_paused`` on every engine,
-published as one immutable ``FleetSnapshot``. Polls never overlap; a slow or dead engine delays
-a poll by at most the call timeout, because both calls share one deadline.
+"""Every poll interval: every fleet invariant (``is_sleeping``, ``is_scheduler_paused``,
+``get_weight_version``) on every engine, published as one immutable ``FleetSnapshot``. Polls
+never overlap; a slow or dead engine delays a poll by at most the call timeout, because all
+calls of a poll share one deadline.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import random
 import time
 from collections.abc import Callable
 
-from exporter.aggregate import ConsensusVerdict, FleetState, aggregate_consensus, require_bool
-from exporter.fleet import EngineOutcome, FleetClient
+from exporter.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
+from exporter.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.invariants import INVARIANTS, SLEEPING, Invariant, is_unsupported, require_type
 from exporter.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.stats import Stats
 
@@ -39,6 +41,8 @@ class Poller:
         self.jitter = jitter
         self._wall = wall_clock
         self._last_success: dict[str, float] = {}
+        #: method → {engine: its handshake count when it said it has no such method}.
+        self._unsupported: dict[str, dict[str, int]] = {}
         self._snapshot: FleetSnapshot | None = None
         self._wake = asyncio.Event()
         self._polled = asyncio.Condition()
@@ -65,75 +69,107 @@ class Poller:
         return self.snapshot
 
     async def poll_once(self) -> FleetSnapshot:
-        """Run one poll and publish its snapshot."""
+        """Run one poll of every invariant the attach mode supports and publish its snapshot.
+
+        All calls share one deadline (they run concurrently). An engine that answers that it
+        has no such method is unsupported for it from then on (until it handshakes again) and
+        is not asked again.
+        """
         started = time.perf_counter()
         client = self._client
-        if client.supports("is_scheduler_paused"):
-            sleeping, paused = await asyncio.gather(
-                client.call_utility("is_sleeping", timeout_s=self.call_timeout_s),
-                client.call_utility("is_scheduler_paused", timeout_s=self.call_timeout_s),
+        details = {d.engine: d for d in client.engine_details()}
+        self._forget_restarted(details)
+        asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
+        calls = []
+        for inv in asked:
+            skip = self._unsupported.get(inv.method, {})
+            engines = [e for e in details if e not in skip] if skip else None
+            calls.append(
+                client.call_utility(inv.method, timeout_s=self.call_timeout_s, engines=engines)
             )
-        else:
-            sleeping = await client.call_utility("is_sleeping", timeout_s=self.call_timeout_s)
-            paused = []
-        sleeping = require_bool(sleeping)
-        paused = require_bool(paused)
+        results: dict[str, list[EngineOutcome]] = {}
+        for inv, outcomes in zip(asked, await asyncio.gather(*calls), strict=True):
+            results[inv.method] = self._supported(inv, outcomes, details)
         duration = time.perf_counter() - started
-        now = self._wall()
-        snap = self._build(sleeping, paused, duration, now)
-        self._publish(snap, sleeping, paused)
+        snap = self._build(results, details, duration, self._wall())
+        self._publish(snap, results)
         return snap
+
+    def _supported(
+        self, inv: Invariant, outcomes: list[EngineOutcome], details: dict[str, EngineDetail]
+    ) -> list[EngineOutcome]:
+        """Type-checked outcomes without the engines that turned out not to have the method."""
+        kept = []
+        for o in outcomes:
+            if is_unsupported(o) and o.engine in details:
+                self._unsupported.setdefault(inv.method, {})[o.engine] = details[
+                    o.engine
+                ].handshakes
+                log.info("engine %s does not support %s: not asked again", o.engine, inv.method)
+            else:
+                kept.append(o)
+        return require_type(inv, kept)
+
+    def _forget_restarted(self, details: dict[str, EngineDetail]) -> None:
+        """An engine that handshook again may run another vLLM: ask it everything again."""
+        for per_engine in self._unsupported.values():
+            for engine, handshakes in list(per_engine.items()):
+                detail = details.get(engine)
+                if detail is None or detail.handshakes != handshakes:
+                    del per_engine[engine]
 
     def _build(
         self,
-        sleeping: list[EngineOutcome],
-        paused: list[EngineOutcome],
+        results: dict[str, list[EngineOutcome]],
+        details: dict[str, EngineDetail],
         duration: float,
         now: float,
     ) -> FleetSnapshot:
-        details = {d.engine: d for d in self._client.engine_details()}
-        paused_by_engine = {o.engine: o for o in paused}
+        by_engine: dict[str, dict[str, EngineOutcome]] = {engine: {} for engine in details}
+        for method, outcomes in results.items():
+            for o in outcomes:
+                by_engine.setdefault(o.engine, {})[method] = o
         engines = []
-        for o in sleeping:
-            if o.ok:
-                self._last_success[o.engine] = now
-            engines.append(
-                EngineSnapshot(
-                    engine=o.engine,
-                    detail=details[o.engine],
-                    sleeping_outcome=o,
-                    paused_outcome=paused_by_engine.get(o.engine),
-                    last_success_unix=self._last_success.get(o.engine),
-                )
+        for engine, detail in details.items():
+            answers = by_engine[engine]
+            sleeping = answers.get(SLEEPING.method)
+            if sleeping is not None and sleeping.ok:
+                self._last_success[engine] = now
+            unsupported = frozenset(
+                m for m, per_engine in self._unsupported.items() if engine in per_engine
+            )
+            last_success = self._last_success.get(engine)
+            engines.append(EngineSnapshot(engine, detail, answers, last_success, unsupported))
+        verdicts = {}
+        for method, outcomes in results.items():
+            everywhere = set(self._unsupported.get(method, ())) >= set(details) and details
+            # Unsupported by every engine: unknown, without the "no results" error that an
+            # empty fleet gets.
+            verdicts[method] = (
+                ConsensusVerdict(method, FleetState.UNKNOWN)
+                if everywhere and not outcomes
+                else aggregate_consensus(method, outcomes)
             )
         previous = self._snapshot.poll_number if self._snapshot else 0
         return FleetSnapshot(
             taken_at_unix=now,
             poll_duration_s=duration,
             engines=tuple(engines),
-            sleeping=aggregate_consensus("is_sleeping", sleeping),
-            # Not asked at all (HTTP attach): unknown, without a "no results" error.
-            paused=aggregate_consensus("is_scheduler_paused", paused)
-            if paused
-            else ConsensusVerdict("is_scheduler_paused", FleetState.UNKNOWN),
+            verdicts=verdicts,
             expected=len(details),
             connected=self._client.connected_count(),
             poll_number=previous + 1,
         )
 
-    def _publish(
-        self, snap: FleetSnapshot, sleeping: list[EngineOutcome], paused: list[EngineOutcome]
-    ) -> None:
+    def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:
         stats = self._stats
-        stats.polls += 1
-        stats.record_calls("is_sleeping", sleeping)
-        if paused:
-            stats.record_calls("is_scheduler_paused", paused)
-        for verdict in (snap.sleeping, snap.paused):
-            if verdict.state is FleetState.INCONSISTENT:
-                stats.inconsistent_results[verdict.method] += 1
-        if snap.sleeping.state is FleetState.INCONSISTENT:
-            log.warning("%s", snap.sleeping.error)
+        for method, outcomes in results.items():
+            if outcomes:
+                stats.record_calls(method, outcomes)
+        inconsistent = [v for v in snap.verdicts.values() if v.state is FleetState.INCONSISTENT]
+        stats.record_poll(v.method for v in inconsistent)
+        for verdict in inconsistent:
+            log.warning("%s", verdict.error)
         self._snapshot = snap
 
     async def _sleep_or_wake(self, delay: float) -> None:

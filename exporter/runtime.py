@@ -17,6 +17,7 @@ from exporter.config import ServeConfig
 from exporter.exposition import render_text
 from exporter.faults import ProtocolErrorTally
 from exporter.fleet import FleetClient
+from exporter.gate import Gate
 from exporter.metrics import ExporterCollector, build_registry
 from exporter.negotiation import CONTENT_TYPES, TEXT, generate_openmetrics, metrics_format
 from exporter.poller import Poller
@@ -58,6 +59,11 @@ class Exporter:
             include_relay=config.attach == "relay",
         )
         self.registry: CollectorRegistry = build_registry(self.collector)
+        self.gate = Gate(
+            self.client,
+            timeout_s=config.call_timeout,
+            min_interval_s=config.gate_min_interval,
+        )
         self.stats.preset(self.client.engine_labels)
         # Start the failure series of the loops every exporter runs at 0 (increase() sees 1).
         for task in ("poller",) if config.attach == "http" else ("poller", "handshake"):
@@ -66,17 +72,15 @@ class Exporter:
         self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
 
     def _state_version(self) -> tuple[int, ...]:
-        """Changes whenever anything a scrape renders changes (a poll, an admin request, a
-        protocol error, a relayed handshake): scrapes in between reuse the rendered body."""
-        st = self.stats
-        snap = self.poller.snapshot  # immutable once published: its number identifies it
+        """The render cache's key: every change a scrape could show bumps one of these (a
+        published poll, a counter in ``Stats`` or the fault tally, a handshake before the
+        first poll, a relayed handshake), so a cached body is never older than the state."""
         return (
-            snap.poll_number,
-            snap.connected,  # before the first poll, handshakes still change the picture
-            st.polls,
-            sum(st.admin_requests.values()),
+            self.poller.snapshot.poll_number,
+            self.client.connected_count(),
+            self.stats.generation,
             self.errors.generation,
-            sum(st.relay_handshakes.values()),
+            sum(self.stats.relay_handshakes.values()),
         )
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:

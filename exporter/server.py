@@ -20,6 +20,7 @@ from exporter.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.aggregate import ConsensusVerdict, FleetState
 from exporter.config import ServeConfig
 from exporter.error import ExporterError
+from exporter.gate import GateRequestError, parse_conditions
 from exporter.httpguard import guarded_runner
 from exporter.negotiation import VARY, wants_gzip
 from exporter.runtime import Exporter
@@ -60,6 +61,8 @@ def engine_json(e: EngineSnapshot) -> dict[str, Any]:
         "paused": e.paused,
         "error": o.error if o else None,
         "values": list(o.values) if o and o.values else None,
+        "weight_version": e.weight_version,
+        "unsupported": sorted(e.unsupported),
         "last_success_unix": e.last_success_unix,
         "vllm_version": e.detail.vllm_version,
         "enable_sleep_mode": e.detail.enable_sleep_mode,
@@ -76,7 +79,7 @@ def status_json(snap: FleetSnapshot, config: ServeConfig) -> dict[str, Any]:
         "ready": snap.ready,
         "engines_expected": snap.expected,
         "engines_connected": snap.connected,
-        "aggregate": {"is_sleeping": verdict_json(snap.sleeping)},
+        "aggregate": {m: verdict_json(v) for m, v in snap.verdicts.items()},
         "consistent": verdict_json(snap.sleeping)["consistent"],
         "is_scheduler_paused": verdict_json(snap.paused),
         "last_poll": {
@@ -97,6 +100,17 @@ async def metrics(request: web.Request) -> web.Response:
     if use_gzip:
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)
+
+
+async def gate(request: web.Request) -> web.Response:
+    """The safe-to-resume gate (``exporter.gate``): JSON in every case."""
+    exporter = request.app[EXPORTER_KEY]
+    try:
+        conditions = parse_conditions({k: request.query.getall(k) for k in request.query})
+    except GateRequestError as exc:
+        return web.json_response({"ok": False, "error": str(exc)}, status=400)
+    status, body = await exporter.gate.check(conditions)
+    return web.json_response(body, status=status, headers={"Cache-Control": "no-store"})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -137,6 +151,7 @@ def render_index(snap: FleetSnapshot, config: ServeConfig) -> str:
             e.state,
             "up" if e.up else "down",
             o.outcome.value if o else "-",
+            e.weight_version if e.weight_version is not None else "-",
             e.detail.vllm_version or "-",
             o.error if o and o.error else "",
         ]
@@ -147,7 +162,12 @@ def render_index(snap: FleetSnapshot, config: ServeConfig) -> str:
     paused = snap.paused.state is FleetState.CONSISTENT and snap.paused.value is True
     value = ("paused" if paused else "asleep") if verdict.value else "awake"
     verdict_text = value if verdict.state is FleetState.CONSISTENT else verdict.state.value
-    error = f"<p class=err>{html.escape(str(verdict.error))}</p>" if verdict.error else ""
+    weights = snap.weight_version
+    weights_text = (
+        f"{weights.value}" if weights.state is FleetState.CONSISTENT else weights.state.value
+    )
+    errors = [v.error for v in (verdict, weights) if v.error is not None]
+    error = "".join(f"<p class=err>{html.escape(str(e))}</p>" for e in errors)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta http-equiv="refresh" content="5">
@@ -155,9 +175,10 @@ def render_index(snap: FleetSnapshot, config: ServeConfig) -> str:
 .err{{color:#b00}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>Fleet: <b id="verdict">{html.escape(verdict_text)}</b> ·
+weights <b id="weights">{html.escape(weights_text)}</b> ·
 engines connected {snap.connected}/{snap.expected} · poll #{snap.poll_number}</p>{error}
 <table><thead><tr><th>engine</th><th>state</th><th>up</th><th>last outcome</th>
-<th>vLLM</th><th>error</th></tr></thead><tbody>
+<th>weights</th><th>vLLM</th><th>error</th></tr></thead><tbody>
 {"".join(rows)}
 </tbody></table>
 <p><a href="/metrics">/metrics</a> · <a href="/status">/status</a> ·
@@ -174,6 +195,7 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+    app.router.add_get("/gate", gate)
     app.router.add_get("/", index)
     app.cleanup_ctx.append(_run_exporter)
     app.cleanup_ctx.append(_run_admin_listener)
@@ -215,8 +237,7 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
         raise StartupError(
             f"--admin-listen {exporter.config.admin_listen}: {exc.strerror or exc}"
         ) from None
-    server = getattr(site, "_server", None)
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else where[1]
+    port = runner.addresses[0][1] if runner.addresses else where[1]
     app[ADMIN_URL_KEY] = f"http://{where[0]}:{port}"
     yield
     await admin_app[ADMIN_SHUTDOWN_KEY]()

@@ -1,49 +1,54 @@
 """Counters and histograms the poller and admin code increment (plain data, no globals).
 
 The collector renders these at scrape time; a scrape never changes them, so several Prometheus
-replicas scraping one exporter see the same numbers.
+replicas scraping one exporter see the same numbers. Every change goes through a method here
+that bumps ``generation``: the render cache is keyed on it, so a scrape never serves a body
+older than the counters it shows.
+
+Histograms are prometheus_client's own, created per ``Stats`` with ``registry=None`` (no
+global metric objects); ``histogram_rows`` reads them back through their public ``collect()``.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from prometheus_client import Histogram
+
 from exporter.fleet import EngineOutcome, Outcome
-from exporter.metrics_catalog import RESET_FAILURE_REASONS, RESET_OUTCOMES
+from exporter.metrics_catalog import (
+    ADMIN_ACTIONS,
+    BY_NAME,
+    RESET_FAILURE_REASONS,
+    RESET_OUTCOMES,
+)
 
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+#: (label values without ``le``, cumulative (le, count) pairs ending with +Inf, sum).
+HistogramRow = tuple[tuple[str, ...], list[tuple[str, float]], float]
 
-@dataclass
-class Histogram:
-    """Fixed-bucket histogram: per-bucket (non-cumulative) counts, a sum and a count."""
 
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
+def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
+    spec = BY_NAME[name]
+    return Histogram(name, spec.help, labelnames=spec.labels, buckets=buckets, registry=None)
 
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.buckets) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """(le, cumulative count) pairs including +Inf, as HistogramMetricFamily wants."""
-        out = []
-        running = 0
-        for bound, n in zip(self.buckets, self.counts, strict=False):
-            running += n
-            out.append((repr(float(bound)), float(running)))
-        out.append(("+Inf", float(self.count)))
-        return out
+def histogram_rows(hist: Histogram) -> list[HistogramRow]:
+    """Every labelled child of ``hist`` as plain rows, in label order."""
+    buckets: dict[tuple[str, ...], list[tuple[str, float]]] = defaultdict(list)
+    sums: dict[tuple[str, ...], float] = {}
+    for metric in hist.collect():
+        for sample in metric.samples:
+            labels = tuple(v for k, v in sample.labels.items() if k != "le")
+            if sample.name.endswith("_bucket"):
+                buckets[labels].append((sample.labels["le"], sample.value))
+            elif sample.name.endswith("_sum"):
+                sums[labels] = sample.value
+    return [(labels, buckets[labels], sums.get(labels, 0.0)) for labels in sorted(buckets)]
 
 
 @dataclass
@@ -51,32 +56,89 @@ class Stats:
     """Every counter the exporter keeps, keyed by label tuples."""
 
     utility_calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    call_durations: dict[str, Histogram] = field(default_factory=dict)
+    call_durations: Histogram = field(
+        default_factory=lambda: _histogram("vllm_dp_utility_call_duration_seconds", CALL_BUCKETS)
+    )
     inconsistent_results: Counter[str] = field(default_factory=Counter)
     resets: Counter[str] = field(default_factory=Counter)
     reset_engine_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
-    reset_durations: Histogram = field(default_factory=lambda: Histogram(RESET_BUCKETS))
+    reset_durations: Histogram = field(
+        default_factory=lambda: _histogram(
+            "vllm_dp_prefix_cache_reset_duration_seconds", RESET_BUCKETS
+        )
+    )
     last_reset_success_unix: float | None = None
     admin_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: (action, outcome) and (action, engine, reason) of every completed admin action.
+    admin_actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    admin_action_failures: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: engine → mismatching parameters in the last weight verification.
+    weight_checksum_mismatches: dict[str, int] = field(default_factory=dict)
+    last_weight_verification_unix: float | None = None
+    #: Incremented by the relay transport itself (it knows nothing of ``Stats``).
     relay_handshakes: Counter[str] = field(default_factory=Counter)
     polls: int = 0
+    generation: int = 0
 
-    def preset(self, engines: list[str]) -> None:
+    def preset(self, engines: Iterable[str]) -> None:
         """Start the outcome series at 0 so that ``increase()`` sees their first event."""
-        for method in ("is_sleeping", "is_scheduler_paused"):
+        for method in ("is_sleeping", "is_scheduler_paused", "get_weight_version"):
             self.inconsistent_results[method] += 0
         for outcome in RESET_OUTCOMES:
             self.resets[outcome] += 0
+            for action in ADMIN_ACTIONS:
+                self.admin_actions[(action, outcome)] += 0
         for engine in engines:
             for reason in RESET_FAILURE_REASONS:
                 self.reset_engine_failures[(engine, reason)] += 0
+        self.generation += 1
 
-    def record_calls(self, method: str, outcomes: list[EngineOutcome]) -> None:
-        hist = self.call_durations.get(method)
-        if hist is None:
-            hist = self.call_durations[method] = Histogram(CALL_BUCKETS)
+    def record_calls(self, method: str, outcomes: Iterable[EngineOutcome]) -> None:
+        hist = self.call_durations.labels(method)
         for o in outcomes:
             self.utility_calls[(method, o.engine, o.outcome.value)] += 1
             # Only real round trips: a timeout or a refused send measured nothing.
             if o.duration_s is not None and o.outcome in (Outcome.OK, Outcome.FAILED):
                 hist.observe(o.duration_s)
+        self.generation += 1
+
+    def record_poll(self, inconsistent_methods: Iterable[str]) -> None:
+        self.polls += 1
+        for method in inconsistent_methods:
+            self.inconsistent_results[method] += 1
+        self.generation += 1
+
+    def record_reset(
+        self,
+        outcome: str,
+        failures: Iterable[tuple[str, str]] = (),
+        duration_s: float | None = None,
+        success_unix: float | None = None,
+    ) -> None:
+        """One admin reset: its outcome, (engine, reason) per failed engine, its duration."""
+        self.resets[outcome] += 1
+        for failure in failures:
+            self.reset_engine_failures[failure] += 1
+        if duration_s is not None:
+            self.reset_durations.observe(duration_s)
+        if success_unix is not None:
+            self.last_reset_success_unix = success_unix
+        self.generation += 1
+
+    def record_action(
+        self, action: str, outcome: str, failures: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """One completed admin action: its outcome and (engine, reason) per failed engine."""
+        self.admin_actions[(action, outcome)] += 1
+        for engine, reason in failures:
+            self.admin_action_failures[(action, engine, reason)] += 1
+        self.generation += 1
+
+    def record_weight_verification(self, mismatches: dict[str, int], unix: float) -> None:
+        self.weight_checksum_mismatches = dict(mismatches)
+        self.last_weight_verification_unix = unix
+        self.generation += 1
+
+    def record_admin_request(self, action: str, status: int) -> None:
+        self.admin_requests[(action, str(status))] += 1
+        self.generation += 1

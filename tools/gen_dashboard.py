@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from dashboard.builders import DS, UID, Layout
 from dashboard.panels_fleet import add_fleet_rows
@@ -24,16 +25,19 @@ from dashboard.panels_ops import add_operations_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "grafana" / "dashboards" / "vllm-dp-exporter.json"
+#: The dashboard's "Runbooks" link: the runbooks in this repository, like the alert rules'
+#: runbook_url (deploy/prometheus/render_rules.py). --runbooks-url sets where yours are published.
+RUNBOOKS_URL = "docs/runbooks.md"
 
 
-def build_panels() -> list[dict]:
+def build_panels() -> list[dict[str, Any]]:
     L = Layout()
     add_fleet_rows(L)
     add_operations_rows(L)
     return L.panels
 
 
-def variable_query(name: str, label: str, query: str) -> dict:
+def variable_query(name: str, label: str, query: str) -> dict[str, Any]:
     return {
         "type": "query",
         "name": name,
@@ -53,7 +57,7 @@ def variable_query(name: str, label: str, query: str) -> dict:
     }
 
 
-def build_dashboard() -> dict:
+def build_dashboard(runbooks_url: str = RUNBOOKS_URL) -> dict[str, Any]:
     return {
         "uid": UID,
         "title": "vLLM DP exporter",
@@ -77,8 +81,7 @@ def build_dashboard() -> dict:
                 "type": "link",
                 "targetBlank": True,
                 "icon": "doc",
-                "url": "https://github.com/vllm-dp-exporter/vllm-dp-exporter/blob/main/"
-                "docs/runbooks.md",
+                "url": runbooks_url,
             }
         ],
         "annotations": {
@@ -127,8 +130,8 @@ def build_dashboard() -> dict:
     }
 
 
-def render() -> str:
-    return json.dumps(build_dashboard(), indent=2, sort_keys=False) + "\n"
+def render(runbooks_url: str = RUNBOOKS_URL) -> str:
+    return json.dumps(build_dashboard(runbooks_url), indent=2, sort_keys=False) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,8 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="fail when the committed JSON differs")
     mode.add_argument("--stdout", action="store_true", help="print instead of writing")
+    parser.add_argument(
+        "--runbooks-url",
+        default=RUNBOOKS_URL,
+        help="the dashboard's Runbooks link (where docs/runbooks.md is published)",
+    )
     args = parser.parse_args(argv)
-    text = render()
+    text = render(args.runbooks_url)
     if args.stdout:
         sys.stdout.write(text)
     elif args.check:

@@ -29,8 +29,8 @@ class DemoOptions:
 
     engines: int = 4
     attach: str = "owner"
-    listen: str = "127.0.0.1:9400"
-    admin_listen: str = "127.0.0.1:9401"
+    listen: str = "127.0.0.1:19400"
+    admin_listen: str = "127.0.0.1:19401"
     handshake_address: str | None = None  # owner mode; None: a free loopback port
     poll_interval: float = 1.0
     call_timeout: float = 1.0

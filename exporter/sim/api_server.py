@@ -1,17 +1,26 @@
-"""A simulated vLLM API server: the dev routes of ``docs/protocol.md`` F.4 with the exact
+"""A simulated vLLM API server: the dev and RL routes of ``docs/protocol.md`` F.4 with the exact
 status codes, bodies and connection behaviour of F.4.1, backed by N in-process simulated engines.
 
-The engines are ``exporter.sim.state.EngineState`` state machines (no sockets): ``is_sleeping``,
-``sleep``, ``wake_up``, ``reset_prefix_cache`` and the demo story, through their public API.
-The server aggregates across them as vLLM's ``AsyncLLM`` does (E.1): ``is_sleeping`` is a
-consensus (HTTP 500 "Engines returned different is_sleeping results: [False, True]" when they
-disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs, one failing engine fails the call.
+The engines are ``exporter.sim.state.EngineState`` state machines (no sockets), called through
+``EngineState.call`` (so their faults apply: missing methods, ignored state changes) and the
+demo story. The server aggregates across them as vLLM's ``AsyncLLM`` does (E.1):
+``is_sleeping``, ``is_scheduler_paused`` (``GET /is_paused``) and ``get_weight_version`` (``GET
+/weight_info``) are consensus calls (HTTP 500 "Engines returned different is_sleeping results:
+[False, True]" when they disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs,
+``compute_weight_checksums`` is flattened over the engines, everything else fans out to every
+engine; one failing engine fails the call (the others still ran it).
 
-Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev routes (``GET
-/version`` still answers), a wrong method gives 405 with an ``allow`` header, bad booleans give
-vLLM's 400 validation envelope, and after every 500 the TCP connection is closed without a
-``connection: close`` header. Authorization headers are recorded, never checked (vLLM's
-``--api-key`` does not cover the dev routes).
+Routes (F.4): dev ``GET /is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``,
+``/reset_mm_cache``, ``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET
+/is_paused``, ``POST /update_weight_version``, ``GET /weight_info``, ``POST /weight_checker``.
+``missing_routes`` leaves some out (404, as a vLLM without them).
+
+Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes
+(``GET /version`` still answers), a wrong method gives 405 with an ``allow`` header, bad query or
+body values give vLLM's 400 validation envelope, and after every 500 from an exception the TCP
+connection is closed without a ``connection: close`` header (the RL routes that catch their
+exceptions answer ``{"error": "Failed to ...: <text>"}`` and keep the connection). Authorization
+headers are recorded, never checked (vLLM's ``--api-key`` does not cover the dev routes).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.sim.engine import SimOptions, run_story
-from exporter.sim.state import PAUSE_MODES, Deferred, EngineState
+from exporter.sim.state import PAUSE_MODES, Deferred, EngineState, UtilityFailure
 
 #: pydantic's boolean strings (what FastAPI accepts for ``bool`` query parameters).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -45,13 +54,32 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 
 
 class _BadQuery(Exception):
-    def __init__(self, name: str, raw: str, kind: str, msg: str) -> None:
+    """A FastAPI validation error of one query (``where="query"``) or body field."""
+
+    def __init__(
+        self, name: str | int, raw: Any, kind: str, msg: str, where: str = "query"
+    ) -> None:
         super().__init__(msg)
-        self.name, self.raw, self.kind, self.msg = name, raw, kind, msg
+        self.name, self.raw, self.kind, self.msg, self.where = name, raw, kind, msg, where
 
 
 class _EngineError(Exception):
     """One engine's utility call raised (vLLM: "Call to <method> method failed: <text>")."""
+
+
+class _HttpError(Exception):
+    """A FastAPI ``HTTPException`` raised by a route (vLLM's error envelope, connection kept)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+#: FastAPI's HTTPStatus phrases for the statuses the routes raise.
+_PHRASES = {400: "Bad Request", 409: "Conflict", 500: "Internal Server Error"}
+#: Paths of the RL routes (``entrypoints/rl/online/api_router.py``).
+RL_ROUTES = ("/pause", "/resume", "/is_paused", "/update_weight_version", "/weight_info")
+WEIGHT_CHECKER_ACTIONS = ("checksum", "reset", "compare")
 
 
 @dataclass
@@ -75,6 +103,11 @@ class ApiServerOptions:
     story_offset: int = 0  # position of this server's first engine in the fleet
     story_count: int | None = None  # fleet size for the story (default: this server's engines)
     vllm_version: str = "0.33.0"
+    #: Routes this server does not have (404), e.g. ``{"/weight_info"}`` for an older vLLM.
+    missing_routes: frozenset[str] = frozenset()
+    #: Fault: every engine's workers report DP rank 0 (the duplicate-key failure of
+    #: ``/weight_checker``). Otherwise engine i reports DP rank ``story_offset + i``.
+    duplicate_checksum_keys: bool = False
 
 
 class SimApiServer:
@@ -99,7 +132,10 @@ class SimApiServer:
             )
             for i in range(o.engines)
         ]
-        self.engines: list[EngineState] = [opts.initial_state() for opts in self.engine_options]
+        self.engines: list[EngineState] = [
+            opts.initial_state(0 if o.duplicate_checksum_keys else o.story_offset + i)
+            for i, opts in enumerate(self.engine_options)
+        ]
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         self._connections: dict[Any, int] = {}
@@ -123,16 +159,65 @@ class SimApiServer:
             if text is not None:
                 raise _EngineError(f"Call to {method} method failed: {text}")
 
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """``call_utility_all_async``: ``method`` on every engine at once, results in engine
+        order; the first failure fails the call (the other engines still ran it)."""
+        self._dead()
+        await self._engine_delay()
+        self._check_failures(method)
+        results: list[Any] = []
+        failure: UtilityFailure | None = None
+        delay = 0.0
+        for engine in self.engines:
+            try:
+                result = engine.call(method, list(args))
+            except UtilityFailure as exc:
+                failure = failure or exc
+                result = None
+            if isinstance(result, Deferred):
+                delay = max(delay, result.delay_s)
+                result = result.value
+            results.append(result)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if failure is not None:
+            raise _EngineError(str(failure))
+        return results
+
+    async def _consensus(self, method: str) -> Any:
+        """``call_utility_consensus_async``: every engine must return the same value."""
+        results = await self._call_all(method)
+        if any(r != results[0] for r in results[1:]):
+            raise _EngineError(f"Engines returned different {method} results: {results!r}")
+        return results[0]
+
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/version", self._version, allow_head=False)
         if self.options.dev_mode:
-            app.router.add_get("/is_sleeping", self._is_sleeping, allow_head=False)
-            app.router.add_post("/sleep", self._sleep)
-            app.router.add_post("/wake_up", self._wake_up)
-            app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+            routes: list[tuple[str, str, Handler]] = [
+                ("GET", "/is_sleeping", self._is_sleeping),
+                ("POST", "/sleep", self._sleep),
+                ("POST", "/wake_up", self._wake_up),
+                ("POST", "/reset_prefix_cache", self._reset_prefix_cache),
+                ("POST", "/reset_mm_cache", self._reset_mm_cache),
+                ("POST", "/reset_encoder_cache", self._reset_encoder_cache),
+                ("POST", "/pause", self._pause),
+                ("POST", "/resume", self._resume),
+                ("GET", "/is_paused", self._is_paused),
+                ("POST", "/update_weight_version", self._update_weight_version),
+                ("GET", "/weight_info", self._weight_info),
+                ("POST", "/weight_checker", self._weight_checker),
+            ]
+            for verb, path, handler in routes:
+                if path in self.options.missing_routes:
+                    continue
+                if verb == "GET":
+                    app.router.add_get(path, handler, allow_head=False)
+                else:
+                    app.router.add_post(path, handler)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -178,6 +263,16 @@ class SimApiServer:
             )
         except _BadQuery as exc:
             return _json(_validation_error(exc), status=400)
+        except _HttpError as exc:
+            envelope = {
+                "error": {
+                    "message": exc.detail,
+                    "type": _PHRASES.get(exc.status, "Error"),
+                    "param": None,
+                    "code": exc.status,
+                }
+            }
+            return _json(envelope, status=exc.status)
         except _EngineError as exc:
             return await self._internal_error(request, str(exc))
 
@@ -202,13 +297,7 @@ class SimApiServer:
             raise _EngineError(ENGINE_DEAD_MESSAGE)
 
     async def _is_sleeping(self, request: web.Request) -> web.Response:
-        self._dead()
-        await self._engine_delay()
-        self._check_failures("is_sleeping")
-        results = [e.is_sleeping() for e in self.engines]
-        if any(r != results[0] for r in results[1:]):
-            raise _EngineError(f"Engines returned different is_sleeping results: {results!r}")
-        return _json({"is_sleeping": results[0]})
+        return _json({"is_sleeping": await self._consensus("is_sleeping")})
 
     async def _sleep(self, request: web.Request) -> web.Response:
         raw_level = request.query.get("level", "1")
@@ -218,42 +307,151 @@ class SimApiServer:
             raise _BadQuery(
                 "level", raw_level, "int_parsing", "Input should be a valid integer"
             ) from None
-        mode = request.query.get("mode", "abort")
-        if mode not in PAUSE_MODES:
-            raise _BadQuery("mode", mode, "enum", "Input should be 'abort', 'wait' or 'keep'")
-        self._dead()
-        await self._engine_delay()
-        self._check_failures("sleep")
-        for e in self.engines:
-            deferred = e.sleep(level, mode)
-            if isinstance(deferred, Deferred):
-                await asyncio.sleep(deferred.delay_s)
+        mode = _query_mode(request)
+        await self._call_all("sleep", level, mode)
         return _json({"status": "sleeping", "level": level})
 
     async def _wake_up(self, request: web.Request) -> web.Response:
         tags = request.query.getall("tags", []) or None
-        self._dead()
-        await self._engine_delay()
-        self._check_failures("wake_up")
-        awake = all([e.wake_up(tags) for e in self.engines])
+        awake = all(await self._call_all("wake_up", tags))
         return _json({"status": "awake" if awake else "sleeping", "tags": tags})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         running = _query_bool(request, "reset_running_requests")
         external = _query_bool(request, "reset_external")
-        self._dead()
-        await self._engine_delay()
-        self._check_failures("reset_prefix_cache")
-        success = all([e.reset_prefix_cache(running, external) for e in self.engines])
+        success = all(await self._call_all("reset_prefix_cache", running, external))
         if self.options.old_reset_response:
             return web.Response(status=200)
         return _json({"success": success})
 
+    async def _reset_mm_cache(self, request: web.Request) -> web.Response:
+        await self._call_all("reset_mm_cache")
+        return web.Response(status=200)
 
-def _query_bool(request: web.Request, name: str) -> bool:
+    async def _reset_encoder_cache(self, request: web.Request) -> web.Response:
+        await self._call_all("reset_encoder_cache")
+        return web.Response(status=200)
+
+    # -- RL routes (entrypoints/rl/online/api_router.py) -----------------------------------
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """``pause_generation`` → ``pause_scheduler(mode, clear_cache)`` on every engine; the
+        route catches engine errors: 500 ``{"error": "Failed to pause generation: ..."}``."""
+        mode = _query_mode(request)
+        clear_cache = _query_bool(request, "clear_cache", default=True)
+        try:
+            await self._call_all("pause_scheduler", mode, clear_cache)
+        except _EngineError as exc:
+            return _json({"error": f"Failed to pause generation: {exc}"}, status=500)
+        return _json({"status": "paused"})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        try:
+            await self._call_all("resume_scheduler")
+        except _EngineError as exc:
+            return _json({"error": f"Failed to resume generation: {exc}"}, status=500)
+        return _json({"status": "resumed"})
+
+    async def _is_paused(self, request: web.Request) -> web.Response:
+        try:
+            paused = await self._consensus("is_scheduler_paused")
+        except _EngineError as exc:
+            return _json({"error": f"Failed to fetch pause status: {exc}"}, status=500)
+        return _json({"is_paused": paused})
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        new_version = body.get("new_version", _MISSING)
+        if new_version is _MISSING:
+            raise _BadQuery("new_version", body, "missing", "Field required", where="body")
+        if not isinstance(new_version, str):
+            raise _BadQuery(
+                "new_version",
+                new_version,
+                "string_type",
+                "Input should be a valid string",
+                where="body",
+            )
+        await self._call_all("set_weight_version", new_version)
+        return _json({"success": True, "new_version": new_version})
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return _json({"weight_version": await self._consensus("get_weight_version")})
+
+    async def _weight_checker(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        action = body.get("action", _MISSING)
+        if action is _MISSING:
+            raise _BadQuery("action", body, "missing", "Field required", where="body")
+        if action not in WEIGHT_CHECKER_ACTIONS:
+            raise _BadQuery(
+                "action",
+                action,
+                "literal_error",
+                "Input should be 'checksum', 'reset' or 'compare'",
+                where="body",
+            )
+        baseline = body.get("baseline")
+        if baseline is not None and not (
+            isinstance(baseline, dict) and all(isinstance(v, str) for v in baseline.values())
+        ):
+            raise _BadQuery(
+                "baseline",
+                baseline,
+                "dict_type",
+                "Input should be a valid dictionary",
+                where="body",
+            )
+        if action == "reset":
+            # collective_rpc("reset_weights"): the sim does not model random weights.
+            self._dead()
+            await self._engine_delay()
+            return _json({"status": "reset"})
+        if action == "compare" and baseline is None:
+            raise _HttpError(400, "action='compare' requires a 'baseline' object")
+        checksums: dict[str, str] = {}
+        for per_engine in await self._call_all("compute_weight_checksums"):
+            for worker in per_engine:
+                if duplicates := checksums.keys() & worker.keys():
+                    raise _HttpError(500, f"Duplicate weight checksum keys: {sorted(duplicates)}")
+                checksums.update(worker)
+        if action == "checksum":
+            return _json({"checksums": checksums})
+        assert baseline is not None
+        mismatches = sorted(
+            k for k in checksums.keys() | baseline.keys() if checksums.get(k) != baseline.get(k)
+        )
+        return _json({"match": not mismatches, "mismatches": mismatches})
+
+
+_MISSING: Any = object()
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The JSON object body FastAPI's ``Body(embed=True)`` parameters read (else a 400)."""
+    raw = await request.read()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise _BadQuery(0, {}, "json_invalid", "JSON decode error", where="body") from None
+    if not isinstance(data, dict):
+        raise _BadQuery(
+            0, data, "model_attributes_type", "Input should be a valid dictionary", where="body"
+        )
+    return data
+
+
+def _query_mode(request: web.Request) -> str:
+    mode = request.query.get("mode", "abort")
+    if mode not in PAUSE_MODES:
+        raise _BadQuery("mode", mode, "literal_error", "Input should be 'abort', 'wait' or 'keep'")
+    return mode
+
+
+def _query_bool(request: web.Request, name: str, default: bool = False) -> bool:
     raw = request.query.get(name)
     if raw is None:
-        return False
+        return default
     lowered = raw.strip().lower()
     if lowered in _TRUE:
         return True
@@ -266,12 +464,12 @@ def _query_bool(request: web.Request, name: str) -> bool:
 
 def _validation_error(exc: _BadQuery) -> dict[str, Any]:
     """vLLM's RequestValidationError envelope (str() of FastAPI's error list as the message)."""
-    detail = {"type": exc.kind, "loc": ("query", exc.name), "msg": exc.msg, "input": exc.raw}
+    detail = {"type": exc.kind, "loc": (exc.where, exc.name), "msg": exc.msg, "input": exc.raw}
     return {
         "error": {
             "message": f"1 validation error:\n  {detail!r}\n",
             "type": "Bad Request",
-            "param": f"query.{exc.name}",
+            "param": f"{exc.where}.{exc.name}",
             "code": 400,
         }
     }
@@ -298,8 +496,7 @@ async def start_api_server(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = getattr(site, "_server", None)
-    bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
+    bound = runner.addresses[0][1] if runner.addresses else port
     return runner, f"http://{host}:{bound}"
 
 

@@ -59,9 +59,10 @@ class SimStartupError(Exception):
 class SimOptions:
     """State and faults of one simulated engine.
 
-    ``sleeping``, ``paused``, ``refuse_reset``, ``drain_s`` and ``supports_pause_query`` seed its
-    :class:`EngineState` once (change ``engine.state`` later on); the wire-side faults
-    (``hang``, ``reply_delay_s``, ``dead_after_calls``, ...) are read live.
+    ``sleeping``, ``paused``, ``refuse_reset``, ``drain_s``, ``supports_pause_query``,
+    ``weight_version``, ``tp_size``, ``corrupt_param``, ``ignore_state_changes`` and
+    ``missing_methods`` seed its :class:`EngineState` once (change ``engine.state`` later on);
+    the wire-side faults (``hang``, ``reply_delay_s``, ``dead_after_calls``, ...) are read live.
     """
 
     sleeping: bool = False
@@ -83,15 +84,28 @@ class SimOptions:
     #: A MoE / coordinated DP engine: its registration reports data_parallel_size
     #: COORDINATED_DP_SIZE and its READY carries "parallel_config_hash".
     coordinated_dp: bool = False
+    weight_version: str | None = None  # get_weight_version's answer until one is set
+    tp_size: int = 1  # workers per engine (one checksum map each)
+    corrupt_param: str | None = None  # compute_weight_checksums: this parameter differs
+    #: sleep, wake_up, pause/resume_scheduler and set_weight_version succeed but change nothing.
+    ignore_state_changes: bool = False
+    #: Methods this engine lacks: "'EngineCoreProc' object has no attribute '<method>'".
+    missing_methods: frozenset[str] = frozenset()
 
-    def initial_state(self) -> EngineState:
-        """A fresh state machine as these options describe it."""
+    def initial_state(self, dp_rank: int = 0) -> EngineState:
+        """A fresh state machine as these options describe it, at DP rank ``dp_rank``."""
         return EngineState.initial(
             sleeping=self.sleeping,
             paused=self.paused,
             refuse_reset=self.refuse_reset,
             drain_s=self.drain_s,
             supports_pause_query=self.supports_pause_query,
+            weight_version=self.weight_version,
+            dp_rank=dp_rank,
+            tp_size=self.tp_size,
+            corrupt_param=self.corrupt_param,
+            ignore_state_changes=self.ignore_state_changes,
+            missing_methods=frozenset(self.missing_methods),
         )
 
 
@@ -106,9 +120,9 @@ class SimEngine:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        #: Sleep/pause state and every utility method (the options' ``sleeping``, ``paused``,
-        #: ``refuse_reset``, ``drain_s`` and ``supports_pause_query`` are read once, here).
-        self.state: EngineState = self.options.initial_state()
+        #: Sleep/pause/weight state and every utility method (the options' state fields are
+        #: read once, here; the engine index is its DP rank).
+        self.state: EngineState = self.options.initial_state(self.engine_index)
         self.calls = 0
         self.calls_by_method: dict[str, int] = {}
         self.connected = asyncio.Event()

@@ -115,7 +115,9 @@ class SimFrontend:
     async def _call_loop(self) -> None:
         while True:
             if self.client.connected_count():
-                connected = [v.engine_index for v in self.transport.link_views() if v.connected]
+                connected = [
+                    str(v.engine_index) for v in self.transport.link_views() if v.connected
+                ]
                 outcomes = await self.client.call_utility(
                     "is_sleeping", timeout_s=self.call_timeout_s, engines=connected
                 )

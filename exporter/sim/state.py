@@ -1,5 +1,5 @@
 """The simulated engine's state machine: what vLLM's ``EngineCore`` utility methods do to its
-sleep and pause state, with vLLM's failure texts.
+sleep, pause and weight-version state, with vLLM's failure texts (``docs/protocol.md`` D).
 
 Pure: no sockets, no event loop, no clock. A result that is only ready later (``sleep`` or
 ``pause_scheduler`` with mode ``"wait"`` while in-flight work drains) is returned as a
@@ -9,6 +9,7 @@ server in ``exporter.sim.api_server``) schedules it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,31 @@ from exporter.sim.story import StoryState
 
 PAUSE_MODES = ("abort", "wait", "keep")
 ALL_TAGS = frozenset({"weights", "kv_cache"})
+#: The simulated model's parameters (every worker holds its shard of each).
+PARAMETER_NAMES = (
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.qkv_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+)
+#: Methods that change state; with ``ignore_state_changes`` they answer success and do nothing.
+STATE_CHANGING = frozenset(
+    {"sleep", "wake_up", "pause_scheduler", "resume_scheduler", "set_weight_version"}
+)
+
+
+def rank_prefix(dp: int, pp: int = 0, pcp: int = 0, tp: int = 0, ep: int = 0) -> str:
+    """vLLM's per-worker checksum key prefix, ``dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:ep{ep}:``."""
+    return f"dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:ep{ep}:"
+
+
+def weight_digest(version: str | None, position: str, name: str, *, corrupt: bool = False) -> str:
+    """Deterministic SHA-256 hex digest of one parameter shard: equal across DP ranks for the
+    same weight version, pp/pcp/tp/ep position and name (``position`` is the prefix without
+    its ``dp`` part); different when ``corrupt``."""
+    seed = f"{version!r}|{position}|{name}|{'corrupt' if corrupt else 'ok'}"
+    return hashlib.sha256(seed.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +66,10 @@ class UtilityFailure(Exception):
 
 @dataclass
 class EngineState:
-    """Sleep and pause state of one engine, and the utility methods that change it.
+    """Sleep, pause and weight-version state of one engine, and the utility methods on it.
 
-    ``sleeping_tags``, ``paused`` and ``refuse_reset`` are the state (tests may set them);
-    ``drain_s`` and ``supports_pause_query`` are fixed behaviour.
+    ``sleeping_tags``, ``paused``, ``refuse_reset`` and ``weight_version`` are the state (tests
+    may set them); the other fields are fixed behaviour and faults.
     """
 
     sleeping_tags: set[str] = field(default_factory=set)
@@ -51,6 +77,16 @@ class EngineState:
     refuse_reset: bool = False  # reset_prefix_cache returns False (blocks still held)
     drain_s: float = 0.0  # in-flight work that pause/sleep with mode "wait" waits for
     supports_pause_query: bool = True  # False: no is_scheduler_paused (older vLLM)
+    weight_version: str | None = None  # get_weight_version's answer until one is set
+    #: This engine's DP rank (the ``dp`` of its checksum keys) and its workers' TP size.
+    dp_rank: int = 0
+    tp_size: int = 1
+    corrupt_param: str | None = None  # this parameter's digest differs on this engine
+    #: Fault: sleep, wake_up, pause_scheduler, resume_scheduler and set_weight_version answer
+    #: success but change nothing.
+    ignore_state_changes: bool = False
+    #: Methods this engine lacks (vLLM's "has no attribute" failure).
+    missing_methods: frozenset[str] = frozenset()
 
     @classmethod
     def initial(
@@ -61,6 +97,12 @@ class EngineState:
         refuse_reset: bool = False,
         drain_s: float = 0.0,
         supports_pause_query: bool = True,
+        weight_version: str | None = None,
+        dp_rank: int = 0,
+        tp_size: int = 1,
+        corrupt_param: str | None = None,
+        ignore_state_changes: bool = False,
+        missing_methods: frozenset[str] = frozenset(),
     ) -> EngineState:
         """A fresh engine; ``sleeping`` means asleep at level 1 (every tag, scheduler paused)."""
         return cls(
@@ -69,6 +111,12 @@ class EngineState:
             refuse_reset=refuse_reset,
             drain_s=drain_s,
             supports_pause_query=supports_pause_query,
+            weight_version=weight_version,
+            dp_rank=dp_rank,
+            tp_size=tp_size,
+            corrupt_param=corrupt_param,
+            ignore_state_changes=ignore_state_changes,
+            missing_methods=frozenset(missing_methods),
         )
 
     # -- queries -------------------------------------------------------------------------------
@@ -79,6 +127,30 @@ class EngineState:
 
     def is_scheduler_paused(self) -> bool:
         return self.paused
+
+    def get_weight_version(self) -> str | None:
+        """The last version set with ``set_weight_version`` (None until one is set)."""
+        return self.weight_version
+
+    def compute_weight_checksums(self) -> list[dict[str, str]]:
+        """One ``{rank-prefixed name: sha256 hex}`` map per worker (pp=pcp=ep=0, tp ranks
+        0..tp_size-1), as the engine's ``collective_rpc`` over its workers returns them.
+
+        Digests derive from the weight version, the worker's position and the name, so DP
+        ranks with the same version agree; ``corrupt_param`` differs on this engine."""
+        workers = []
+        for tp in range(self.tp_size):
+            prefix = rank_prefix(self.dp_rank, tp=tp)
+            position = prefix.split(":", 1)[1]
+            workers.append(
+                {
+                    prefix + name: weight_digest(
+                        self.weight_version, position, name, corrupt=name == self.corrupt_param
+                    )
+                    for name in PARAMETER_NAMES
+                }
+            )
+        return workers
 
     # -- utility methods -----------------------------------------------------------------------
 
@@ -119,6 +191,15 @@ class EngineState:
     ) -> bool:
         return not self.refuse_reset
 
+    def reset_mm_cache(self) -> None:
+        """Clears the multi-modal caches (nothing to clear here)."""
+
+    def reset_encoder_cache(self) -> None:
+        """Clears the encoder caches (nothing to clear here)."""
+
+    def set_weight_version(self, version: str) -> None:
+        self.weight_version = version
+
     # -- dispatch as EngineCoreProc does it ----------------------------------------------------
 
     def methods(self) -> dict[str, tuple[Callable[..., Any], int]]:
@@ -130,9 +211,16 @@ class EngineState:
             "reset_prefix_cache": (self.reset_prefix_cache, 2),
             "pause_scheduler": (self.pause_scheduler, 2),
             "resume_scheduler": (self.resume_scheduler, 0),
+            "reset_mm_cache": (self.reset_mm_cache, 0),
+            "reset_encoder_cache": (self.reset_encoder_cache, 0),
+            "get_weight_version": (self.get_weight_version, 0),
+            "set_weight_version": (self.set_weight_version, 1),
+            "compute_weight_checksums": (self.compute_weight_checksums, 0),
         }
         if self.supports_pause_query:
             methods["is_scheduler_paused"] = (self.is_scheduler_paused, 0)
+        for name in self.missing_methods:
+            methods.pop(name, None)
         return methods
 
     def call(self, method: str, args: Sequence[Any] = ()) -> Any:
@@ -146,9 +234,23 @@ class EngineState:
         if len(args) > max_args:
             raise UtilityFailure(method, "")
         try:
+            if self.ignore_state_changes and method in STATE_CHANGING:
+                return self._accept_and_ignore(method, args)
             return fn(*args)
         except ValueError as exc:
             raise UtilityFailure(method, str(exc)) from None
+        except TypeError as exc:  # a missing argument, as Python words it for EngineCore
+            raise UtilityFailure(method, str(exc).replace("EngineState.", "EngineCore.")) from None
+
+    def _accept_and_ignore(self, method: str, args: Sequence[Any]) -> Any:
+        """The ``ignore_state_changes`` fault: a successful answer, no state change. Arguments
+        are still checked (a bad pause mode fails as usual)."""
+        position = {"sleep": 1, "pause_scheduler": 0}.get(method)
+        if position is not None and len(args) > position and args[position] not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {args[position]}")
+        if method == "set_weight_version" and not args:
+            self.set_weight_version()  # type: ignore[call-arg]  # raises the TypeError
+        return True if method == "wake_up" else None
 
     # -- the demo story ------------------------------------------------------------------------
 

@@ -7,14 +7,23 @@ API server whose engines disagree (HTTP 500 "Engines returned different is_sleep
 [...]") becomes an ``INCONSISTENT`` outcome carrying those values
 (``docs/protocol.md`` F.4 / F.4.1).
 
-Mapping of the allow-listed utility methods:
+Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``http_replies``):
 
 * ``is_sleeping`` → ``GET /is_sleeping``.
-* ``is_scheduler_paused`` → no request: vLLM's dev routes have no verified equivalent (``GET
-  /is_paused`` is an RL route whose answer and semantics F.4.1 does not pin down), so every target
-  gets ``FAILED("not available over HTTP")`` and the paused series stay absent.
+* ``is_scheduler_paused`` → ``GET /is_paused`` (``AsyncLLM.is_paused`` is
+  ``is_scheduler_paused`` by consensus).
+* ``get_weight_version`` → ``GET /weight_info``.
 * ``reset_prefix_cache`` with ``()``, ``(rr,)`` or ``(rr, rc)`` → ``POST /reset_prefix_cache?
   reset_running_requests=..&reset_external=..`` (query string only; vLLM ignores a body).
+* ``reset_mm_cache``, ``reset_encoder_cache`` → ``POST /reset_mm_cache``, ``/reset_encoder_cache``.
+* ``sleep(level=1[, mode])`` → ``POST /sleep?level=..[&mode=..]``.
+* ``wake_up([tags])`` → ``POST /wake_up[?tags=..&tags=..]``.
+* ``pause_scheduler([mode[, clear_cache]])`` → ``POST /pause?mode=..[&clear_cache=..]``.
+* ``resume_scheduler()`` → ``POST /resume``.
+* ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
+* ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
+
+A 404 on a route other than the two oldest dev routes is "unsupported" (``UNSUPPORTED_HINT``).
 
 One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
 under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
@@ -29,6 +38,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +52,36 @@ log = logging.getLogger("exporter.http")
 
 #: At most this many requests in flight per client (across all targets).
 DEFAULT_MAX_CONCURRENCY = 64
-NOT_AVAILABLE = "not available over HTTP"
 VERSION_TIMEOUT_S = 5.0
+#: Utility methods this client maps to a vLLM route (``route``).
+ROUTED_METHODS = frozenset(
+    {
+        "is_sleeping",
+        "is_scheduler_paused",
+        "get_weight_version",
+        "reset_prefix_cache",
+        "reset_mm_cache",
+        "reset_encoder_cache",
+        "sleep",
+        "wake_up",
+        "pause_scheduler",
+        "resume_scheduler",
+        "set_weight_version",
+        "compute_weight_checksums",
+    }
+)
+
+Query = list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One HTTP request standing for one utility call."""
+
+    verb: str
+    path: str
+    query: Query | None = None
+    body: dict[str, Any] | None = None  # sent as JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +150,9 @@ class HttpFleetClient:
         return sum(1 for s in self._states if s.connected)
 
     def supports(self, method: str) -> bool:
-        """No dev route answers is_scheduler_paused: the poller does not ask (or count) it."""
-        return method in self.allowed_methods and method != "is_scheduler_paused"
+        """Allow-listed and mapped to a route (whether a given server has the route shows in
+        its answer: ``UNSUPPORTED_HINT``)."""
+        return method in self.allowed_methods and method in ROUTED_METHODS
 
     async def start(self) -> None:
         headers = {"Accept": "application/json"}
@@ -145,27 +184,24 @@ class HttpFleetClient:
         self._session = self._fresh = None
 
     async def call_utility(
-        self, method: str, args: tuple[Any, ...] = (), *, timeout_s: float
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
     ) -> list[EngineOutcome]:
-        """Call ``method`` on every target at once; one outcome per target, in target order."""
+        """Call ``method`` on every target at once (only those labelled in ``engines`` when
+        given); one outcome per called target, in target order."""
         if method not in self.allowed_methods:
             raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
-        if method == "is_scheduler_paused":
-            return [
-                EngineOutcome(t.label, Outcome.FAILED, error=NOT_AVAILABLE) for t in self.targets
-            ]
-        if method == "is_sleeping":
-            if args:
-                raise MethodNotAllowed("is_sleeping takes no arguments")
-            verb, path, query = "GET", "/is_sleeping", None
-        elif method == "reset_prefix_cache":
-            verb, path, query = "POST", "/reset_prefix_cache", _reset_query(args)
-        else:
-            raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
+        spec = route(method, args)
+        states = [s for s in self._states if engines is None or s.target.label in engines]
         tasks = {
-            s.target.label: asyncio.create_task(self._call_one(s, method, verb, path, query))
-            for s in self._states
+            s.target.label: asyncio.create_task(self._call_one(s, method, spec)) for s in states
         }
+        if not tasks:
+            return []
         try:
             await asyncio.wait(tasks.values(), timeout=timeout_s)
         finally:
@@ -174,7 +210,7 @@ class HttpFleetClient:
                     task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
         results = []
-        for s in self._states:
+        for s in states:
             task = tasks[s.target.label]
             if task.cancelled():
                 s.connected = False
@@ -199,24 +235,17 @@ class HttpFleetClient:
 
     # -- one target --------------------------------------------------------------------------
 
-    async def _call_one(
-        self,
-        state: _TargetState,
-        method: str,
-        verb: str,
-        path: str,
-        query: dict[str, str] | None,
-    ) -> EngineOutcome:
+    async def _call_one(self, state: _TargetState, method: str, spec: Route) -> EngineOutcome:
         label = state.target.label
         async with self._semaphore:
             started = time.perf_counter()
             try:
                 try:
-                    reply = await self._request(self._pooled(), state, verb, path, query)
+                    reply = await self._request(self._pooled(), state, spec)
                 except _Retryable:
                     self.retries += 1
                     log.debug("target %s: pooled connection was reset, retrying once", label)
-                    reply = await self._request(self._fresh_session(), state, verb, path, query)
+                    reply = await self._request(self._fresh_session(), state, spec)
             except (_Retryable, aiohttp.ClientError, OSError) as exc:
                 state.connected = False
                 return EngineOutcome(
@@ -236,7 +265,7 @@ class HttpFleetClient:
         try:
             reply = await asyncio.wait_for(
                 # A one-off request: on a fresh connection, leaving the pool to the polls.
-                self._request(self._fresh_session(), state, "GET", "/version", None),
+                self._request(self._fresh_session(), state, Route("GET", "/version")),
                 VERSION_TIMEOUT_S,
             )
             data = json.loads(reply.body) if reply.status == 200 else None
@@ -258,17 +287,16 @@ class HttpFleetClient:
         return self._fresh
 
     async def _request(
-        self,
-        session: aiohttp.ClientSession,
-        state: _TargetState,
-        verb: str,
-        path: str,
-        query: dict[str, str] | None,
+        self, session: aiohttp.ClientSession, state: _TargetState, spec: Route
     ) -> _Reply:
         state.requests += 1
         try:
             async with session.request(
-                verb, state.target.url + path, params=query, allow_redirects=False
+                spec.verb,
+                state.target.url + spec.path,
+                params=spec.query,
+                json=spec.body,
+                allow_redirects=False,
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 500:
@@ -282,15 +310,80 @@ class HttpFleetClient:
             raise _Retryable(type(exc).__name__) from exc
 
 
-def _reset_query(args: tuple[Any, ...]) -> dict[str, str]:
-    if len(args) > 2 or not all(isinstance(a, bool) for a in args):
-        raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")
-    running = args[0] if args else False
-    external = args[1] if len(args) > 1 else False
-    return {
-        "reset_running_requests": "true" if running else "false",
-        "reset_external": "true" if external else "false",
-    }
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _no_args(method: str, args: tuple[Any, ...]) -> None:
+    if args:
+        raise MethodNotAllowed(f"{method} takes no arguments")
+
+
+def route(method: str, args: tuple[Any, ...] = ()) -> Route:
+    """Pure: the request for one utility call (``MethodNotAllowed`` for a method without a
+    route or arguments the route cannot carry)."""
+    if method == "is_sleeping":
+        _no_args(method, args)
+        return Route("GET", "/is_sleeping")
+    if method == "is_scheduler_paused":
+        _no_args(method, args)
+        return Route("GET", "/is_paused")
+    if method == "get_weight_version":
+        _no_args(method, args)
+        return Route("GET", "/weight_info")
+    if method == "reset_prefix_cache":
+        if len(args) > 2 or not all(isinstance(a, bool) for a in args):
+            raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")
+        running = args[0] if args else False
+        external = args[1] if len(args) > 1 else False
+        query = [("reset_running_requests", _bool(running)), ("reset_external", _bool(external))]
+        return Route("POST", "/reset_prefix_cache", query)
+    if method in ("reset_mm_cache", "reset_encoder_cache", "resume_scheduler"):
+        _no_args(method, args)
+        path = "/resume" if method == "resume_scheduler" else f"/{method}"
+        return Route("POST", path)
+    if method == "sleep":
+        if len(args) > 2:
+            raise MethodNotAllowed("sleep takes (level[, mode])")
+        level = args[0] if args else 1
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise MethodNotAllowed("sleep's level must be an integer")
+        query = [("level", str(level))]
+        if len(args) > 1:
+            query.append(("mode", _mode(args[1])))
+        return Route("POST", "/sleep", query)
+    if method == "wake_up":
+        if len(args) > 1:
+            raise MethodNotAllowed("wake_up takes ([tags])")
+        tags = args[0] if args else None
+        if tags is None:
+            return Route("POST", "/wake_up")
+        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+            raise MethodNotAllowed("wake_up's tags must be a list of strings")
+        return Route("POST", "/wake_up", [("tags", t) for t in tags])
+    if method == "pause_scheduler":
+        if len(args) > 2:
+            raise MethodNotAllowed("pause_scheduler takes ([mode[, clear_cache]])")
+        query = [("mode", _mode(args[0] if args else "abort"))]
+        if len(args) > 1:
+            if not isinstance(args[1], bool):
+                raise MethodNotAllowed("pause_scheduler's clear_cache must be a boolean")
+            query.append(("clear_cache", _bool(args[1])))
+        return Route("POST", "/pause", query)
+    if method == "set_weight_version":
+        if len(args) != 1 or not isinstance(args[0], str):
+            raise MethodNotAllowed("set_weight_version takes one string")
+        return Route("POST", "/update_weight_version", body={"new_version": args[0]})
+    if method == "compute_weight_checksums":
+        _no_args(method, args)
+        return Route("POST", "/weight_checker", body={"action": "checksum"})
+    raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
+
+
+def _mode(mode: Any) -> str:
+    if not isinstance(mode, str):
+        raise MethodNotAllowed("the pause mode must be a string")
+    return mode
 
 
 def _connection_error(target: HttpTarget, exc: BaseException) -> str:

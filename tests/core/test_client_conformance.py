@@ -3,68 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import pytest
-import zmq
-import zmq.asyncio
 
 from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus
-from exporter.client import EngineCoreClient
 from exporter.error import HandshakeError, MethodNotAllowed
-from exporter.faults import ProtocolErrorTally
-from exporter.fleet import Outcome
+from exporter.fleet import EngineOutcome, Outcome
 from exporter.protocol import ENGINE_CORE_DEAD, encode_utility_reply
-from exporter.transport.owner import OwnerConfig, OwnerTransport
-from tests.conftest import loopback_address
-from tests.core.rawengine import RawEngine
-from tests.helpers import eventually
-
-
-class Harness:
-    def __init__(self, count: int, start_rank: int = 0) -> None:
-        self.address = loopback_address()
-        self.ctx = zmq.asyncio.Context()
-        self.errors = ProtocolErrorTally()
-        config = OwnerConfig(
-            handshake_address=self.address, engine_count=count, start_rank=start_rank
-        )
-        self.client = EngineCoreClient(
-            lambda listener: OwnerTransport(config, listener, self.errors, context=self.ctx),
-            self.errors,
-        )
-        transport = self.client.transport
-        assert isinstance(transport, OwnerTransport)
-        self.transport = transport
-        self.engines: list[RawEngine] = []
-
-    def engine(self, index: int | bytes) -> RawEngine:
-        e = RawEngine(self.ctx, self.address, index)
-        self.engines.append(e)
-        return e
-
-    async def close(self) -> None:
-        for e in self.engines:
-            e.close()
-        await self.client.close()
-        self.ctx.term()
+from tests.harness.owner import OwnerHarnesses, OwnerHarnessFactory
+from tests.harness.rawengine import RawEngine
+from tests.harness.waiting import eventually
 
 
 @pytest.fixture
-async def harness_factory() -> AsyncIterator[object]:
-    made: list[Harness] = []
-
-    async def make(count: int, start_rank: int = 0, start: bool = True) -> Harness:
-        h = Harness(count, start_rank)
-        made.append(h)
-        if start:
-            await h.client.start()
-        return h
-
-    yield make
-    for h in made:
-        await h.close()
+async def harness_factory() -> AsyncIterator[OwnerHarnessFactory]:
+    harnesses = OwnerHarnesses()
+    yield harnesses.make
+    await harnesses.close()
 
 
 async def answer(engine: RawEngine, value: object, rank: int = 0) -> int:
@@ -73,7 +30,9 @@ async def answer(engine: RawEngine, value: object, rank: int = 0) -> int:
     return int(request.call_id)
 
 
-async def test_case1_one_headless_engine_nothing_sent_before_registration(harness_factory) -> None:
+async def test_case1_one_headless_engine_nothing_sent_before_registration(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.hello()
@@ -94,7 +53,9 @@ async def test_case1_one_headless_engine_nothing_sent_before_registration(harnes
     assert [o.value for o in await call] == [False]
 
 
-async def test_case2_interleaved_engines_and_rejections(harness_factory) -> None:
+async def test_case2_interleaved_engines_and_rejections(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(2)
     e1, e0 = h.engine(1), h.engine(0)
     await e1.hello()
@@ -114,7 +75,9 @@ async def test_case2_interleaved_engines_and_rejections(harness_factory) -> None
     assert views[0].connected and views[1].connected
 
 
-async def test_case2_duplicate_hello_during_handshake_is_rejected(harness_factory) -> None:
+async def test_case2_duplicate_hello_during_handshake_is_rejected(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.hello()
@@ -127,7 +90,7 @@ async def test_case2_duplicate_hello_during_handshake_is_rejected(harness_factor
     await h.transport.wait_connected(2)
 
 
-async def test_case2_start_rank_identities(harness_factory) -> None:
+async def test_case2_start_rank_identities(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(2, start_rank=4)
     e4, e5, e0 = h.engine(4), h.engine(5), h.engine(0)
     await e4.handshake(rank=4)
@@ -138,7 +101,7 @@ async def test_case2_start_rank_identities(harness_factory) -> None:
     assert h.client.engine_labels == ["4", "5"]
 
 
-async def test_case3_registration_variants_accepted(harness_factory) -> None:
+async def test_case3_registration_variants_accepted(harness_factory: OwnerHarnessFactory) -> None:
     from exporter.protocol import encode_registration, registration_map
 
     full = registration_map(0)
@@ -160,7 +123,9 @@ async def test_case3_registration_variants_accepted(harness_factory) -> None:
     assert versions == ["0.33.0", "0.33.0", "0.33.0", None]
 
 
-async def test_case4_request_bytes_and_identity_frame(harness_factory, vectors) -> None:
+async def test_case4_request_bytes_and_identity_frame(
+    harness_factory: OwnerHarnessFactory, vectors: dict[str, bytes]
+) -> None:
     h = await harness_factory(1, start_rank=258)
     e = h.engine(258)
     await e.handshake(rank=258)
@@ -182,7 +147,7 @@ async def test_case4_request_bytes_and_identity_frame(harness_factory, vectors) 
     await call
 
 
-async def test_case5_big_ids_and_out_of_order_replies(harness_factory) -> None:
+async def test_case5_big_ids_and_out_of_order_replies(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
@@ -199,12 +164,14 @@ async def test_case5_big_ids_and_out_of_order_replies(harness_factory) -> None:
     assert (await second)[0].value == ("second" if r2.method == "is_scheduler_paused" else "first")
 
 
-async def test_case6_7_reply_lengths_and_result_wrappers(harness_factory) -> None:
+async def test_case6_7_reply_lengths_and_result_wrappers(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
     await h.transport.wait_connected(2)
-    variants = [
+    variants: list[Callable[[int], bytes]] = [
         lambda cid: msgspec.msgpack.encode(
             [0, [], None, 1.0, [cid, None, [None, True]], None, None, None]
         ),
@@ -235,7 +202,7 @@ async def test_case6_7_reply_lengths_and_result_wrappers(harness_factory) -> Non
         assert outcome.outcome is Outcome.OK and outcome.value == value
 
 
-async def test_case8_failure_and_shutting_down(harness_factory) -> None:
+async def test_case8_failure_and_shutting_down(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
@@ -252,7 +219,9 @@ async def test_case8_failure_and_shutting_down(harness_factory) -> None:
         assert outcome.shutting_down is shutting
 
 
-async def test_case9_unknown_ids_and_non_utility_outputs_ignored(harness_factory) -> None:
+async def test_case9_unknown_ids_and_non_utility_outputs_ignored(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
@@ -277,7 +246,9 @@ async def test_case9_unknown_ids_and_non_utility_outputs_ignored(harness_factory
     assert (await call)[0].value is False
 
 
-async def test_case10_deferred_reply_after_later_reply(harness_factory) -> None:
+async def test_case10_deferred_reply_after_later_reply(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
@@ -293,14 +264,14 @@ async def test_case10_deferred_reply_after_later_reply(harness_factory) -> None:
     assert (await slow)[0].value is True
 
 
-async def test_case11_dp_consensus_and_and(harness_factory) -> None:
+async def test_case11_dp_consensus_and_and(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(2)
     engines = [h.engine(0), h.engine(1)]
     for rank, e in enumerate(engines):
         await e.handshake(rank)
     await h.transport.wait_connected(2)
 
-    async def fan(method: str, values: list[object]) -> list:
+    async def fan(method: str, values: list[object]) -> list[EngineOutcome]:
         call = asyncio.create_task(h.client.call_utility(method, timeout_s=2))
         for rank, (e, value) in enumerate(zip(engines, values, strict=True)):
             _, request = await e.recv_request()
@@ -319,7 +290,9 @@ async def test_case11_dp_consensus_and_and(harness_factory) -> None:
     ).success
 
 
-async def test_case12_one_engine_fails_other_reply_consumed(harness_factory) -> None:
+async def test_case12_one_engine_fails_other_reply_consumed(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(2)
     e0, e1 = h.engine(0), h.engine(1)
     await e0.handshake(0)
@@ -338,7 +311,9 @@ async def test_case12_one_engine_fails_other_reply_consumed(harness_factory) -> 
     await eventually(lambda: h.errors.counts.get("unknown_call_id", 0) == 1)
 
 
-async def test_case13_engine_core_dead_fails_pending_and_refuses_new(harness_factory) -> None:
+async def test_case13_engine_core_dead_fails_pending_and_refuses_new(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(2)
     e0, e1 = h.engine(0), h.engine(1)
     await e0.handshake(0)
@@ -361,7 +336,7 @@ async def test_case13_engine_core_dead_fails_pending_and_refuses_new(harness_fac
     assert [v.dead for v in h.transport.link_views()] == [True, False]
 
 
-async def test_case14_silent_engine_times_out(harness_factory) -> None:
+async def test_case14_silent_engine_times_out(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()
@@ -375,7 +350,9 @@ async def test_case14_silent_engine_times_out(harness_factory) -> None:
     assert h.client.pending_count == 0
 
 
-async def test_case15_engine_starts_before_client_binds(harness_factory) -> None:
+async def test_case15_engine_starts_before_client_binds(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1, start=False)
     e = h.engine(0)
     await e.hello()  # queued by ZMQ until the ROUTER binds
@@ -387,7 +364,9 @@ async def test_case15_engine_starts_before_client_binds(harness_factory) -> None
     await h.transport.wait_connected(3)
 
 
-async def test_handshake_timeout_names_missing_engines(harness_factory) -> None:
+async def test_handshake_timeout_names_missing_engines(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(2)
     e = h.engine(0)
     await e.handshake()
@@ -395,15 +374,17 @@ async def test_handshake_timeout_names_missing_engines(harness_factory) -> None:
         await h.transport.wait_connected(0.3)
 
 
-async def test_only_allow_listed_methods(harness_factory) -> None:
+async def test_only_allow_listed_methods(harness_factory: OwnerHarnessFactory) -> None:
     h = await harness_factory(1)
     with pytest.raises(MethodNotAllowed):
         await h.client.call_utility("shutdown", timeout_s=0.1)
     with pytest.raises(MethodNotAllowed):
-        await h.client.call_utility("sleep", (1,), timeout_s=0.1)
+        await h.client.call_utility("collective_rpc", ("x",), timeout_s=0.1)
 
 
-async def test_restart_hello_rehandshakes_and_fails_pending(harness_factory) -> None:
+async def test_restart_hello_rehandshakes_and_fails_pending(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
     h = await harness_factory(1)
     e = h.engine(0)
     await e.handshake()

@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from tests.conftest import loopback_address
+from tests.harness.wire import loopback_address
 
 PY = [sys.executable, "-m", "exporter", "--log-level", "error"]
 
@@ -23,7 +24,9 @@ class Group:
     flags: tuple[str, ...] = ()
 
 
-def run_probe(groups: list[Group], engine_count: int, *extra: str) -> tuple[int, dict, str]:
+def run_probe(
+    groups: list[Group], engine_count: int, *extra: str
+) -> tuple[int, dict[str, Any], str]:
     address = loopback_address()
     procs = [
         subprocess.Popen(
@@ -78,8 +81,9 @@ def run_probe(groups: list[Group], engine_count: int, *extra: str) -> tuple[int,
     return probe.returncode, report, probe.stderr
 
 
-def engines(report: dict, key: str = "is_sleeping") -> dict:
-    return report[key]["engines"]
+def engines(report: dict[str, Any], key: str = "is_sleeping") -> dict[str, Any]:
+    found: dict[str, Any] = report[key]["engines"]
+    return found
 
 
 def test_one_engine_agreeing() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -20,8 +21,9 @@ from exporter.sim.engine import (
     SimOptions,
     SimStartupError,
 )
-from tests.conftest import loopback_address
-from tests.core.stockclient import StockClient
+from exporter.sim.state import PARAMETER_NAMES
+from tests.harness.stockclient import StockClient
+from tests.harness.wire import loopback_address
 
 
 class Rig:
@@ -114,15 +116,15 @@ async def test_case18_reply_shape_and_failure_text(rig_factory) -> None:
     rig = rig_factory()
     rig.engine(1)
     await rig.front.handshake(1)
-    call_id = await rig.front.call(1, "reset_mm_cache")
+    call_id = await rig.front.call(1, "release_kv_cache_memory")
     frames = await rig.front.recv_raw()
     assert frames is not None and len(frames) == 1
     decoded = msgspec.msgpack.decode(frames[0])
     assert len(decoded) == 9 and decoded[0] == 1 and decoded[1] == []
     assert decoded[4] == [
         call_id,
-        "Call to reset_mm_cache method failed: "
-        "'EngineCoreProc' object has no attribute 'reset_mm_cache'",
+        "Call to release_kv_cache_memory method failed: "
+        "'EngineCoreProc' object has no attribute 'release_kv_cache_memory'",
         None,
     ]
     call_id = await rig.front.call(1, "sleep", (1,))
@@ -140,14 +142,14 @@ async def test_case19_reply_goes_to_client_index_slot(rig_factory) -> None:
     assert out.utility.call_id == call_id
 
 
-async def _value(rig: Rig, method: str, args: tuple = ()) -> object:
+async def _value(rig: Rig, method: str, args: tuple[Any, ...] = ()) -> object:
     await rig.front.call(0, method, args)
     out = await rig.front.reply()
     assert out.utility.failure_message is None, out.utility.failure_message
     return out.utility.value
 
 
-async def _failure(rig: Rig, method: str, args: tuple = ()) -> str:
+async def _failure(rig: Rig, method: str, args: tuple[Any, ...] = ()) -> str:
     await rig.front.call(0, method, args)
     out = await rig.front.reply()
     return str(out.utility.failure_message)
@@ -305,3 +307,105 @@ async def test_bracketed_ipv6_addresses_enable_zmq_ipv6() -> None:
         await asyncio.gather(task, return_exceptions=True)
         front.close()
         front_ctx.term()
+
+
+async def test_rl_methods_over_zmq(rig_factory) -> None:
+    """Weight version, cache resets and checksums through the real wire (docs/protocol.md D)."""
+    rig = rig_factory()
+    rig.engine(0, tp_size=2)
+    await rig.front.handshake(0)
+    assert await _value(rig, "get_weight_version") is None
+    assert await _value(rig, "set_weight_version", ("step-7",)) is None
+    assert await _value(rig, "get_weight_version") == "step-7"
+    assert await _value(rig, "reset_mm_cache") is None
+    assert await _value(rig, "reset_encoder_cache") is None
+    workers = await _value(rig, "compute_weight_checksums")
+    assert isinstance(workers, list) and len(workers) == 2
+    assert all(isinstance(w, dict) and len(w) == len(PARAMETER_NAMES) for w in workers)
+    assert sorted({key.split("model.")[0].split("lm_head")[0] for w in workers for key in w}) == [
+        "dp0:pp0:pcp0:tp0:ep0:",
+        "dp0:pp0:pcp0:tp1:ep0:",
+    ]
+    assert (
+        await _failure(rig, "set_weight_version", ())
+        == "Call to set_weight_version method failed: "
+        "EngineCore.set_weight_version() missing 1 required positional argument: 'version'"
+    )
+
+
+async def test_checksums_across_ranks_and_a_corrupt_parameter(rig_factory) -> None:
+    by_rank = {}
+    for rank in (0, 1):
+        rig = rig_factory()  # one front end per engine: their handshakes do not interleave
+        corrupt = "lm_head.weight" if rank == 1 else None
+        rig.engine(rank, weight_version="v1", corrupt_param=corrupt)
+        await rig.front.handshake(rank)
+        await rig.front.call(rank, "compute_weight_checksums")
+        out = await rig.front.reply()
+        assert out.utility.failure_message is None
+        [worker] = out.utility.value
+        assert all(key.startswith(f"dp{out.engine_index}:") for key in worker)
+        by_rank[out.engine_index] = {k.split(":", 1)[1]: v for k, v in worker.items()}
+    differ = [k for k in by_rank[0] if by_rank[0][k] != by_rank[1][k]]
+    assert differ == ["pp0:pcp0:tp0:ep0:lm_head.weight"]
+
+
+async def test_ignore_state_changes_and_missing_methods_over_zmq(rig_factory) -> None:
+    rig = rig_factory()
+    engine = rig.engine(
+        0, ignore_state_changes=True, missing_methods=frozenset({"reset_encoder_cache"})
+    )
+    await rig.front.handshake(0)
+    assert await _value(rig, "sleep", (1, "abort")) is None
+    assert await _value(rig, "pause_scheduler", ("keep",)) is None
+    assert await _value(rig, "set_weight_version", ("v2",)) is None
+    assert await _value(rig, "is_sleeping") is False
+    assert await _value(rig, "is_scheduler_paused") is False
+    assert await _value(rig, "get_weight_version") is None
+    engine.state.sleeping_tags = {"weights"}
+    assert await _value(rig, "wake_up", (None,)) is True  # claims fully awake...
+    assert await _value(rig, "is_sleeping") is True  # ...but still sleeps
+    assert (
+        await _failure(rig, "reset_encoder_cache") == "Call to reset_encoder_cache method failed: "
+        "'EngineCoreProc' object has no attribute 'reset_encoder_cache'"
+    )
+    assert await _value(rig, "reset_mm_cache") is None
+
+
+def test_sim_engine_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter import cli
+    from exporter.sim import host
+
+    seen: list[SimOptions] = []
+
+    def fake_make_engines(address: str, indices: list[int], options: SimOptions, **_: Any):
+        seen.append(options)
+        return []
+
+    async def fake_serve(engines: list[SimEngine], **_: Any) -> int:
+        return 0
+
+    monkeypatch.setattr(host, "make_engines", fake_make_engines)
+    monkeypatch.setattr(host, "serve_engines", fake_serve)
+    base = ["sim-engine", "--handshake-address", "tcp://127.0.0.1:1"]
+    assert cli.main(base) == 0
+    default = seen.pop()
+    assert default.weight_version is None and default.corrupt_param is None
+    assert not default.ignore_state_changes and default.missing_methods == frozenset()
+    argv = [
+        *base,
+        "--weight-version",
+        "step-3",
+        "--corrupt-param",
+        "lm_head.weight",
+        "--ignore-state-changes",
+        "--missing-method",
+        "get_weight_version",
+        "--missing-method",
+        "reset_mm_cache",
+    ]
+    assert cli.main(argv) == 0
+    options = seen.pop()
+    assert options.weight_version == "step-3" and options.corrupt_param == "lm_head.weight"
+    assert options.ignore_state_changes
+    assert options.missing_methods == {"get_weight_version", "reset_mm_cache"}

@@ -10,10 +10,13 @@ import pytest
 from exporter.sim.engine import SimOptions
 from exporter.sim.state import (
     ALL_TAGS,
+    PARAMETER_NAMES,
     PAUSE_MODES,
+    STATE_CHANGING,
     Deferred,
     EngineState,
     UtilityFailure,
+    rank_prefix,
 )
 from exporter.sim.story import StoryState, story_state
 
@@ -122,9 +125,16 @@ def test_method_table() -> None:
         "pause_scheduler": 2,
         "resume_scheduler": 0,
         "is_scheduler_paused": 0,
+        "reset_mm_cache": 0,
+        "reset_encoder_cache": 0,
+        "get_weight_version": 0,
+        "set_weight_version": 1,
+        "compute_weight_checksums": 0,
     }
     old = EngineState(supports_pause_query=False).methods()
-    assert "is_scheduler_paused" not in old and len(old) == 6
+    assert "is_scheduler_paused" not in old and len(old) == 11
+    lacking = EngineState(missing_methods=frozenset({"get_weight_version", "nonexistent"}))
+    assert "get_weight_version" not in lacking.methods() and len(lacking.methods()) == 11
 
 
 def test_call_values() -> None:
@@ -145,11 +155,18 @@ def test_call_failure_texts() -> None:
     state = EngineState(supports_pause_query=False)
     cases = [
         (
-            "reset_mm_cache",
+            "release_kv_cache_memory",
             (),
-            "Call to reset_mm_cache method failed: "
-            "'EngineCoreProc' object has no attribute 'reset_mm_cache'",
+            "Call to release_kv_cache_memory method failed: "
+            "'EngineCoreProc' object has no attribute 'release_kv_cache_memory'",
         ),
+        (
+            "set_weight_version",
+            (),
+            "Call to set_weight_version method failed: "
+            "EngineCore.set_weight_version() missing 1 required positional argument: 'version'",
+        ),
+        ("set_weight_version", ("a", "b"), "Call to set_weight_version method failed: "),
         (
             "is_scheduler_paused",
             (),
@@ -166,6 +183,127 @@ def test_call_failure_texts() -> None:
         assert str(info.value) == text
         assert info.value.method == method
     assert state == EngineState(supports_pause_query=False), "failed calls change nothing"
+
+
+def test_weight_version_and_cache_resets() -> None:
+    state = EngineState()
+    assert state.get_weight_version() is None and state.call("get_weight_version") is None
+    assert state.call("set_weight_version", ["step-1"]) is None
+    assert state.get_weight_version() == "step-1" and state.weight_version == "step-1"
+    state.set_weight_version("step-2")
+    assert state.call("get_weight_version", []) == "step-2"
+    assert EngineState.initial(weight_version="v0").get_weight_version() == "v0"
+    before = EngineState.initial(sleeping=True, weight_version="v")
+    snapshot = (set(before.sleeping_tags), before.paused, before.weight_version)
+    assert before.call("reset_mm_cache") is None and before.call("reset_encoder_cache") is None
+    assert (before.sleeping_tags, before.paused, before.weight_version) == snapshot
+
+
+def test_checksums_shape_and_rank_prefixes() -> None:
+    workers = EngineState(dp_rank=3).compute_weight_checksums()
+    assert len(workers) == 1
+    [worker] = workers
+    assert list(worker) == [f"dp3:pp0:pcp0:tp0:ep0:{name}" for name in PARAMETER_NAMES]
+    assert all(len(d) == 64 and int(d, 16) >= 0 for d in worker.values())  # sha256 hex
+    assert rank_prefix(1, pp=2, pcp=3, tp=4, ep=5) == "dp1:pp2:pcp3:tp4:ep5:"
+    tp2 = EngineState(dp_rank=0, tp_size=2).compute_weight_checksums()
+    assert [next(iter(w)).split("model.")[0] for w in tp2] == [
+        "dp0:pp0:pcp0:tp0:ep0:",
+        "dp0:pp0:pcp0:tp1:ep0:",
+    ]
+    # Different TP shards of the same parameter hold different bytes.
+    name = PARAMETER_NAMES[0]
+    assert tp2[0][f"dp0:pp0:pcp0:tp0:ep0:{name}"] != tp2[1][f"dp0:pp0:pcp0:tp1:ep0:{name}"]
+    assert (
+        EngineState().call("compute_weight_checksums") == EngineState().compute_weight_checksums()
+    )
+
+
+def _by_position(workers: list[dict[str, str]]) -> dict[str, str]:
+    """Checksums keyed without their dp part (what must agree across DP ranks)."""
+    return {k.split(":", 1)[1]: v for w in workers for k, v in w.items()}
+
+
+def test_checksums_agree_across_dp_ranks_when_versions_agree() -> None:
+    a = EngineState(dp_rank=0, tp_size=2, weight_version="v1")
+    b = EngineState(dp_rank=1, tp_size=2, weight_version="v1")
+    assert _by_position(a.compute_weight_checksums()) == _by_position(b.compute_weight_checksums())
+    b.set_weight_version("v2")
+    differ = (
+        _by_position(a.compute_weight_checksums()).items()
+        ^ _by_position(b.compute_weight_checksums()).items()
+    )
+    assert len(differ) == 2 * 2 * len(PARAMETER_NAMES), "every digest changes with the version"
+    assert (
+        EngineState(dp_rank=5).compute_weight_checksums()
+        != EngineState(dp_rank=5, weight_version="x").compute_weight_checksums()
+    )
+
+
+def test_corrupt_param_differs_on_that_engine_only() -> None:
+    name = PARAMETER_NAMES[2]
+    good = _by_position(EngineState(dp_rank=0, tp_size=2).compute_weight_checksums())
+    bad = _by_position(
+        EngineState(dp_rank=1, tp_size=2, corrupt_param=name).compute_weight_checksums()
+    )
+    assert good.keys() == bad.keys()
+    assert sorted(k for k in good if good[k] != bad[k]) == [
+        f"pp0:pcp0:tp0:ep0:{name}",
+        f"pp0:pcp0:tp1:ep0:{name}",
+    ]
+
+
+def test_ignore_state_changes_answers_success_and_changes_nothing() -> None:
+    assert {
+        "sleep",
+        "wake_up",
+        "pause_scheduler",
+        "resume_scheduler",
+        "set_weight_version",
+    } == STATE_CHANGING
+    state = EngineState(drain_s=1.0, ignore_state_changes=True, weight_version="v1")
+    assert state.call("sleep", [1, "wait"]) is None  # not even deferred: nothing happens
+    assert state.call("pause_scheduler", ["keep"]) is None
+    assert state.call("set_weight_version", ["v2"]) is None
+    assert not state.is_sleeping() and state.get_weight_version() == "v1"
+    asleep = EngineState.initial(sleeping=True, ignore_state_changes=True)
+    assert asleep.call("wake_up", [None]) is True, "claims to be fully awake"
+    assert asleep.call("resume_scheduler") is None
+    assert asleep.is_sleeping() and asleep.is_scheduler_paused()
+    # Arguments are still checked, and read methods still answer the truth.
+    with pytest.raises(UtilityFailure, match="Invalid pause mode: bogus"):
+        state.call("sleep", [1, "bogus"])
+    with pytest.raises(UtilityFailure, match="Invalid pause mode: later"):
+        state.call("pause_scheduler", ["later"])
+    with pytest.raises(UtilityFailure, match="missing 1 required positional argument"):
+        state.call("set_weight_version", [])
+    assert state.call("reset_prefix_cache") is True
+
+
+def test_missing_methods_answer_no_attribute() -> None:
+    state = EngineState.initial(missing_methods=frozenset({"get_weight_version", "sleep"}))
+    for method in ("get_weight_version", "sleep"):
+        with pytest.raises(UtilityFailure) as info:
+            state.call(method, [])
+        assert str(info.value) == (
+            f"Call to {method} method failed: 'EngineCoreProc' object has no attribute '{method}'"
+        )
+    assert state.call("is_sleeping") is False
+
+
+def test_options_seed_the_rl_state() -> None:
+    options = SimOptions(
+        weight_version="v9",
+        tp_size=2,
+        corrupt_param="lm_head.weight",
+        ignore_state_changes=True,
+        missing_methods=frozenset({"reset_mm_cache"}),
+    )
+    state = options.initial_state(4)
+    assert (state.weight_version, state.dp_rank, state.tp_size) == ("v9", 4, 2)
+    assert state.corrupt_param == "lm_head.weight" and state.ignore_state_changes
+    assert "reset_mm_cache" not in state.methods()
+    assert SimOptions().initial_state() == EngineState(), "defaults unchanged"
 
 
 def test_apply_story() -> None:

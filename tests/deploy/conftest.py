@@ -1,117 +1,15 @@
-"""Shared helpers for the deployment-artefact tests (grafana/, deploy/, docs/runbooks.md).
-
-External tools: promtool (Debian package `prometheus`) and kubectl (with its built-in kustomize).
-A test that needs one skips, naming the missing binary, only when it is not installed.
-"""
+"""Fixtures of the deployment-artefact tests (the helpers: ``tests/harness/artefacts.py``)."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-from pathlib import Path
+from types import ModuleType
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES_FILE = ROOT / "deploy" / "prometheus" / "vllm-dp-exporter.rules.yml"
-RULE_TESTS_DIR = ROOT / "deploy" / "prometheus" / "tests"
-DASHBOARD_FILE = ROOT / "grafana" / "dashboards" / "vllm-dp-exporter.json"
-KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes" / "base"
-COMPOSE_FILE = ROOT / "deploy" / "compose" / "compose.yaml"
-RUNBOOKS = ROOT / "docs" / "runbooks.md"
-RUNBOOK_URL_PREFIX = (
-    "https://github.com/vllm-dp-exporter/vllm-dp-exporter/blob/main/docs/runbooks.md#"
-)
-
-_METRIC_NAME = re.compile(r"\bvllm_dp_[A-Za-z0-9_]+")
-
-
-def tool(name: str) -> str:
-    """Absolute path of an external binary, or skip the calling test."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (see tests/deploy/conftest.py for the package)")
-    return path
-
-
-def run(args: list[str], timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run a command, failing the test (with its output) when it exits non-zero."""
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"{' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"
-            f"stderr:\n{proc.stderr}"
-        )
-    return proc
-
-
-def metric_names(expr: str) -> set[str]:
-    """Every vllm_dp_* identifier in a PromQL expression."""
-    return set(_METRIC_NAME.findall(expr))
-
-
-def catalog_sample_names() -> set[str]:
-    from exporter.metrics_catalog import METRICS, sample_names
-
-    names: set[str] = set()
-    for spec in METRICS:
-        names.add(spec.name)
-        names.update(sample_names(spec))
-    return names
-
-
-def load_rules() -> dict:
-    return yaml.safe_load(RULES_FILE.read_text(encoding="utf-8"))
-
-
-def alerting_rules() -> list[dict]:
-    return [rule for group in load_rules()["groups"] for rule in group["rules"] if "alert" in rule]
-
-
-def github_anchor(heading: str) -> str:
-    """The anchor GitHub gives a Markdown heading."""
-    slug = heading.strip().lower()
-    slug = re.sub(r"[^\w\- ]", "", slug)
-    return slug.replace(" ", "-")
-
-
-def runbook_sections() -> dict[str, str]:
-    """Anchor -> section text, for every `## ` heading of docs/runbooks.md."""
-    sections: dict[str, str] = {}
-    current = None
-    for line in RUNBOOKS.read_text(encoding="utf-8").splitlines():
-        if line.startswith("## "):
-            current = github_anchor(line[3:])
-            sections[current] = ""
-        elif current is not None:
-            sections[current] += line + "\n"
-    return sections
-
-
-class _Helpers:
-    """What the tests get from the ``deploy`` fixture (fixtures work in every pytest import mode,
-    unlike importing conftest)."""
-
-    ROOT = ROOT
-    RULES_FILE = RULES_FILE
-    RULE_TESTS_DIR = RULE_TESTS_DIR
-    DASHBOARD_FILE = DASHBOARD_FILE
-    KUSTOMIZE_DIR = KUSTOMIZE_DIR
-    COMPOSE_FILE = COMPOSE_FILE
-    RUNBOOKS = RUNBOOKS
-    RUNBOOK_URL_PREFIX = RUNBOOK_URL_PREFIX
-    tool = staticmethod(tool)
-    run = staticmethod(run)
-    metric_names = staticmethod(metric_names)
-    catalog_sample_names = staticmethod(catalog_sample_names)
-    load_rules = staticmethod(load_rules)
-    alerting_rules = staticmethod(alerting_rules)
-    github_anchor = staticmethod(github_anchor)
-    runbook_sections = staticmethod(runbook_sections)
+from tests.harness import artefacts
 
 
 @pytest.fixture(scope="session")
-def deploy() -> type[_Helpers]:
-    return _Helpers
+def deploy() -> ModuleType:
+    """The ``tests.harness.artefacts`` module (tests may also import it directly)."""
+    return artefacts

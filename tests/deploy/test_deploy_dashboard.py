@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+from typing import Any
 
 import yaml
+
+from tests.harness import artefacts
 
 SELECTOR = re.compile(r"\b(vllm_dp_[A-Za-z0-9_]+)\s*(\{[^}]*\})?")
 REQUIRED_MATCHERS = ('job=~"$job"', 'instance=~"$instance"', 'model_name=~"$model_name"')
@@ -26,28 +29,28 @@ REQUIRED_METRICS = {
 }
 
 
-def _dashboard(deploy) -> dict:
-    return json.loads(deploy.DASHBOARD_FILE.read_text(encoding="utf-8"))
+def _dashboard() -> Any:
+    return json.loads(artefacts.DASHBOARD_FILE.read_text(encoding="utf-8"))
 
 
-def _panels(deploy) -> list[dict]:
+def _panels() -> list[dict[str, Any]]:
     out = []
-    for panel in _dashboard(deploy)["panels"]:
+    for panel in _dashboard()["panels"]:
         out.append(panel)
         out.extend(panel.get("panels", []))  # panels inside collapsed rows
     return out
 
 
-def _queries(deploy) -> list[tuple[str, str]]:
-    return [(p["title"], t["expr"]) for p in _panels(deploy) for t in p.get("targets", [])]
+def _queries() -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in _panels() for t in p.get("targets", [])]
 
 
-def test_committed_json_is_generator_output(deploy):
-    deploy.run([sys.executable, "tools/gen_dashboard.py", "--check"])
+def test_committed_json_is_generator_output():
+    artefacts.run([sys.executable, "tools/gen_dashboard.py", "--check"])
 
 
-def test_panel_structure(deploy):
-    panels = _panels(deploy)
+def test_panel_structure():
+    panels = _panels()
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "panel ids are not unique"
     assert any(p["type"] == "state-timeline" for p in panels)
@@ -71,15 +74,15 @@ def test_panel_structure(deploy):
             assert p["fieldConfig"]["defaults"]["thresholds"]["steps"], p["title"]
 
 
-def test_seconds_panels_use_seconds_unit(deploy):
-    for p in _panels(deploy):
+def test_seconds_panels_use_seconds_unit():
+    for p in _panels():
         exprs = " ".join(t["expr"] for t in p.get("targets", []))
         if "histogram_quantile" in exprs or "time() -" in exprs or "poll_duration" in exprs:
             assert p["fieldConfig"]["defaults"]["unit"] == "s", p["title"]
 
 
-def test_template_variables(deploy):
-    variables = {v["name"]: v for v in _dashboard(deploy)["templating"]["list"]}
+def test_template_variables():
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
     assert set(variables) >= {"datasource", "job", "instance", "model_name"}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
@@ -91,8 +94,8 @@ def test_template_variables(deploy):
         assert var["datasource"]["uid"] == "${datasource}", name
 
 
-def test_every_selector_filters_on_the_variables(deploy):
-    for title, expr in _queries(deploy):
+def test_every_selector_filters_on_the_variables():
+    for title, expr in _queries():
         for match in SELECTOR.finditer(expr):
             name, matchers = match.group(1), match.group(2) or ""
             for required in REQUIRED_MATCHERS:
@@ -102,20 +105,20 @@ def test_every_selector_filters_on_the_variables(deploy):
         )
 
 
-def test_dashboard_metrics_are_in_catalog(deploy):
-    known = deploy.catalog_sample_names()
+def test_dashboard_metrics_are_in_catalog():
+    known = artefacts.catalog_sample_names()
     used: set[str] = set()
-    for title, expr in _queries(deploy):
-        names = deploy.metric_names(expr)
+    for title, expr in _queries():
+        names = artefacts.metric_names(expr)
         assert names - known == set(), f"{title}: unknown metrics"
         used |= names
     assert REQUIRED_METRICS - used == set(), "metrics the dashboard must show"
 
 
-def test_dashboard_covers_every_state_value(deploy):
+def test_dashboard_covers_every_state_value():
     from exporter.metrics_catalog import ENGINE_STATES, FLEET_STATES
 
-    panels = _panels(deploy)
+    panels = _panels()
 
     def covered(metric: str, state: str) -> bool:
         for p in panels:
@@ -137,17 +140,17 @@ def test_dashboard_covers_every_state_value(deploy):
         assert covered("vllm_dp_engine_state", state), f"engine state {state} not shown"
 
 
-def test_latency_quantiles_by_method(deploy):
-    exprs = [e for _, e in _queries(deploy) if "vllm_dp_utility_call_duration_seconds_bucket" in e]
+def test_latency_quantiles_by_method():
+    exprs = [e for _, e in _queries() if "vllm_dp_utility_call_duration_seconds_bucket" in e]
     for q in ("0.5", "0.99"):
         assert any(f"histogram_quantile({q}," in e and "by (method, le)" in e for e in exprs), q
 
 
-def test_queries_parse_as_promql(deploy, tmp_path):
+def test_queries_parse_as_promql(tmp_path):
     """promtool parses every query (Grafana's variables replaced by plausible values)."""
-    promtool = deploy.tool("promtool")
+    promtool = artefacts.tool("promtool")
     rules = []
-    for i, (_, expr) in enumerate(_queries(deploy)):
+    for i, (_, expr) in enumerate(_queries()):
         concrete = (
             expr.replace("$__rate_interval", "1m")
             .replace("$__range", "1h")
@@ -159,25 +162,25 @@ def test_queries_parse_as_promql(deploy, tmp_path):
         rules.append({"record": f"dashboard:query_{i}", "expr": concrete})
     path = tmp_path / "dashboard-queries.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    deploy.run([promtool, "check", "rules", str(path)], timeout=60)
+    artefacts.run([promtool, "check", "rules", str(path)], timeout=60)
 
 
-def test_provisioning(deploy):
+def test_provisioning():
     ds = yaml.safe_load(
-        (deploy.ROOT / "grafana/provisioning/datasources/prometheus.yaml").read_text(
+        (artefacts.ROOT / "grafana/provisioning/datasources/prometheus.yaml").read_text(
             encoding="utf-8"
         )
     )
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
     prov = yaml.safe_load(
-        (deploy.ROOT / "grafana/provisioning/dashboards/vllm-dp-exporter.yaml").read_text(
+        (artefacts.ROOT / "grafana/provisioning/dashboards/vllm-dp-exporter.yaml").read_text(
             encoding="utf-8"
         )
     )
     (provider,) = prov["providers"]
     assert provider["type"] == "file"
-    compose = yaml.safe_load(deploy.COMPOSE_FILE.read_text(encoding="utf-8"))
+    compose = yaml.safe_load(artefacts.COMPOSE_FILE.read_text(encoding="utf-8"))
     mounts = compose["services"]["grafana"]["volumes"]
     assert any(
         m.split(":")[1] == provider["options"]["path"]

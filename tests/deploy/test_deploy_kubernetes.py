@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import pytest
 import yaml
+
+from tests.harness import artefacts
 
 # Native sidecars (initContainers[].restartPolicy: Always) are on by default from 1.29.
 KUBERNETES_VERSIONS = ("1.29.0", "latest")
@@ -18,7 +21,7 @@ TOKEN_FILE = "/var/run/secrets/vllm-dp-exporter/admin-token"
 
 
 @functools.lru_cache(maxsize=1)
-def _build(kubectl: str, path: str) -> tuple:
+def _build(kubectl: str, path: str) -> tuple[Any, ...]:
     import subprocess
 
     proc = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True, timeout=120)
@@ -27,12 +30,12 @@ def _build(kubectl: str, path: str) -> tuple:
 
 
 @pytest.fixture()
-def resources(deploy) -> list[dict]:
-    kubectl = deploy.tool("kubectl")
-    return copy.deepcopy(list(_build(kubectl, str(deploy.KUSTOMIZE_DIR))))
+def resources() -> list[dict[str, Any]]:
+    kubectl = artefacts.tool("kubectl")
+    return copy.deepcopy(list(_build(kubectl, str(artefacts.KUSTOMIZE_DIR))))
 
 
-def _one(resources, kind: str) -> dict:
+def _one(resources, kind: str) -> Any:
     (res,) = [r for r in resources if r["kind"] == kind]
     return res
 
@@ -42,16 +45,16 @@ def _arg(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-def _pod(resources) -> dict:
+def _pod(resources) -> Any:
     return _one(resources, "Deployment")["spec"]["template"]
 
 
-def _sidecar(resources) -> dict:
+def _sidecar(resources) -> Any:
     (c,) = [c for c in _pod(resources)["spec"]["initContainers"] if c["name"] == "vllm-dp-exporter"]
     return c
 
 
-def _vllm(resources) -> dict:
+def _vllm(resources) -> Any:
     (c,) = [c for c in _pod(resources)["spec"]["containers"] if c["name"] == "vllm"]
     return c
 
@@ -102,10 +105,10 @@ def test_exporter_is_a_native_sidecar_with_the_contract_flags(resources):
     assert args[0] == "serve"
     assert _arg(args, "--handshake-address") == "tcp://127.0.0.1:29550"
     assert _arg(args, "--advertise-host") == "127.0.0.1"
-    assert _arg(args, "--listen") == "0.0.0.0:9400"
-    assert _arg(args, "--admin-listen") == "127.0.0.1:9401"
+    assert _arg(args, "--listen") == "0.0.0.0:19400"
+    assert _arg(args, "--admin-listen") == "127.0.0.1:19401"
     assert _arg(args, "--admin-token-file") == TOKEN_FILE
-    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
+    assert {"name": "metrics", "containerPort": 19400, "protocol": "TCP"} in c["ports"]
 
 
 def test_engine_count_matches_vllm_data_parallel_size(resources):
@@ -134,7 +137,7 @@ def test_sidecar_security_context_is_restricted(resources):
 def test_probes_do_not_couple_pod_readiness_to_engines(resources):
     c = _sidecar(resources)
     live = c["livenessProbe"]["httpGet"]
-    assert live["path"] == "/healthz" and live["port"] in (9400, "metrics")
+    assert live["path"] == "/healthz" and live["port"] in (19400, "metrics")
     ready = c.get("readinessProbe")
     if ready is not None:
         assert ready["httpGet"]["path"] != "/readyz", "/readyz would unready the vLLM pod"
@@ -159,7 +162,7 @@ def test_service_and_podmonitor_select_the_pod(resources):
     labels = _pod(resources)["metadata"]["labels"]
     svc = _one(resources, "Service")
     port = svc["spec"]["ports"][0]
-    assert (port["name"], port["port"]) == ("metrics", 9400)
+    assert (port["name"], port["port"]) == ("metrics", 19400)
     assert svc["spec"]["selector"].items() <= labels.items()
     pm = _one(resources, "PodMonitor")
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
@@ -168,7 +171,7 @@ def test_service_and_podmonitor_select_the_pod(resources):
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
 
 
-def test_built_prometheusrule_equals_rules_file(resources, deploy):
+def test_built_prometheusrule_equals_rules_file(resources):
     rule = _one(resources, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    assert rule["spec"]["groups"] == deploy.load_rules()["groups"]
+    assert rule["spec"]["groups"] == artefacts.load_rules()["groups"]

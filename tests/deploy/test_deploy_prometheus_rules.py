@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 
 import yaml
+
+from tests.harness import artefacts
 
 REQUIRED_ALERTS = {
     "VllmDpEnginesInconsistent",
@@ -17,49 +21,49 @@ REQUIRED_ALERTS = {
 SEVERITIES = {"critical", "warning", "info"}
 
 
-def _render_rules_module(deploy):
-    path = deploy.ROOT / "deploy" / "prometheus" / "render_rules.py"
+def _render_rules_module():
+    path = artefacts.ROOT / "deploy" / "prometheus" / "render_rules.py"
     spec = importlib.util.spec_from_file_location("vllm_dp_render_rules", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_promtool_check_rules(deploy):
-    promtool = deploy.tool("promtool")
-    out = deploy.run([promtool, "check", "rules", str(deploy.RULES_FILE)], timeout=60)
+def test_promtool_check_rules():
+    promtool = artefacts.tool("promtool")
+    out = artefacts.run([promtool, "check", "rules", str(artefacts.RULES_FILE)], timeout=60)
     assert "SUCCESS" in out.stdout
 
 
-def test_promtool_unit_tests(deploy):
-    promtool = deploy.tool("promtool")
-    files = sorted(str(p) for p in deploy.RULE_TESTS_DIR.glob("*.yml"))
+def test_promtool_unit_tests():
+    promtool = artefacts.tool("promtool")
+    files = sorted(str(p) for p in artefacts.RULE_TESTS_DIR.glob("*.yml"))
     assert files, "no promtool test files in deploy/prometheus/tests/"
-    deploy.run([promtool, "test", "rules", *files], timeout=180)
+    artefacts.run([promtool, "test", "rules", *files], timeout=180)
 
 
-def test_required_alerts_exist(deploy):
-    names = [rule["alert"] for rule in deploy.alerting_rules()]
+def test_required_alerts_exist():
+    names = [rule["alert"] for rule in artefacts.alerting_rules()]
     assert len(names) == len(set(names)), "duplicate alert names"
     assert set(names) >= REQUIRED_ALERTS
 
 
-def test_every_alert_is_unit_tested_firing_and_silent(deploy):
+def test_every_alert_is_unit_tested_firing_and_silent():
     firing: set[str] = set()
     silent: set[str] = set()
-    for path in deploy.RULE_TESTS_DIR.glob("*.yml"):
+    for path in artefacts.RULE_TESTS_DIR.glob("*.yml"):
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         for case in doc.get("tests", []):
             for check in case.get("alert_rule_test", []):
                 (firing if check.get("exp_alerts") else silent).add(check["alertname"])
-    names = {rule["alert"] for rule in deploy.alerting_rules()}
+    names = {rule["alert"] for rule in artefacts.alerting_rules()}
     assert names - firing == set(), "alerts without a firing unit test"
     assert names - silent == set(), "alerts without a not-firing unit test"
 
 
-def test_alert_structure(deploy):
-    anchors = deploy.runbook_sections()
-    for rule in deploy.alerting_rules():
+def test_alert_structure():
+    anchors = artefacts.runbook_sections()
+    for rule in artefacts.alerting_rules():
         name = rule["alert"]
         assert re.fullmatch(r"VllmDp[A-Za-z]+", name), name
         assert "for" in rule, f"{name}: no for:"
@@ -69,62 +73,64 @@ def test_alert_structure(deploy):
         for key in ("summary", "description", "runbook_url"):
             assert str(ann.get(key, "")).strip(), f"{name}: missing annotations.{key}"
         url = ann["runbook_url"]
-        assert url.startswith(deploy.RUNBOOK_URL_PREFIX), f"{name}: runbook_url {url}"
-        anchor = url[len(deploy.RUNBOOK_URL_PREFIX) :]
+        assert url.startswith(artefacts.RUNBOOK_URL_PREFIX), f"{name}: runbook_url {url}"
+        anchor = url[len(artefacts.RUNBOOK_URL_PREFIX) :]
         assert anchor == name.lower(), f"{name}: anchor {anchor}"
         assert anchor in anchors, f"{name}: docs/runbooks.md has no section #{anchor}"
 
 
-def test_runbooks_explain_how_to_confirm(deploy):
-    text = deploy.RUNBOOKS.read_text(encoding="utf-8")
+def test_runbooks_explain_how_to_confirm():
+    text = artefacts.RUNBOOKS.read_text(encoding="utf-8")
     assert "vllm-dp-exporter ctl status --url http://" in text
     assert "--json" in text
     assert "paused" in text
-    sections = deploy.runbook_sections()
-    for rule in deploy.alerting_rules():
+    sections = artefacts.runbook_sections()
+    for rule in artefacts.alerting_rules():
         body = sections[rule["alert"].lower()]
         for part in ("**Meaning.**", "**Confirm.**", "**Act.**"):
             assert part in body, f"runbook {rule['alert']} lacks {part}"
 
 
-def test_rule_expressions_use_catalog_metrics(deploy):
-    known = deploy.catalog_sample_names()
+def test_rule_expressions_use_catalog_metrics():
+    known = artefacts.catalog_sample_names()
     used: set[str] = set()
-    for rule in deploy.alerting_rules():
-        names = deploy.metric_names(rule["expr"])
+    for rule in artefacts.alerting_rules():
+        names = artefacts.metric_names(rule["expr"])
         assert names - known == set(), f"{rule['alert']}: unknown metrics"
         used |= names
     assert used, "no vllm_dp_ metric found in the rules"
 
 
-def test_inconsistent_and_unknown_are_not_confused(deploy):
-    rules = {rule["alert"]: rule for rule in deploy.alerting_rules()}
+def test_inconsistent_and_unknown_are_not_confused():
+    rules = {rule["alert"]: rule for rule in artefacts.alerting_rules()}
     expr = rules["VllmDpEnginesInconsistent"]["expr"]
     assert 'state="inconsistent"' in expr
     assert "unknown" not in expr
 
 
-def test_prometheusrule_is_generated_from_rules_file(deploy):
+def test_prometheusrule_is_generated_from_rules_file():
     import sys
 
-    deploy.run([sys.executable, "deploy/prometheus/render_rules.py", "prometheusrule", "--check"])
+    artefacts.run(
+        [sys.executable, "deploy/prometheus/render_rules.py", "prometheusrule", "--check"]
+    )
     manifest = yaml.safe_load(
-        (deploy.KUSTOMIZE_DIR / "prometheusrule.yaml").read_text(encoding="utf-8")
+        (artefacts.KUSTOMIZE_DIR / "prometheusrule.yaml").read_text(encoding="utf-8")
     )
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
     assert manifest["kind"] == "PrometheusRule"
-    assert manifest["spec"]["groups"] == deploy.load_rules()["groups"]
+    assert manifest["spec"]["groups"] == artefacts.load_rules()["groups"]
 
 
-def test_for_durations_can_be_shortened_in_one_place(deploy, tmp_path):
-    module = _render_rules_module(deploy)
-    text = deploy.RULES_FILE.read_text(encoding="utf-8")
-    n_rules = len(deploy.alerting_rules())
+def test_for_durations_can_be_shortened_in_one_place(tmp_path):
+    module = _render_rules_module()
+    text = artefacts.RULES_FILE.read_text(encoding="utf-8")
+    n_rules = len(artefacts.alerting_rules())
     assert len(module.for_durations(text)) == n_rules, "a for: is not on its own `for:` line"
 
     short = module.rules_with_for(text, "0s")
     assert module.for_durations(short) == ["0s"] * n_rules
-    original, shortened = deploy.load_rules(), yaml.safe_load(short)
+    original, shortened = artefacts.load_rules(), yaml.safe_load(short)
     for group in shortened["groups"]:
         for rule in group["rules"]:
             rule["for"] = None
@@ -133,7 +139,124 @@ def test_for_durations_can_be_shortened_in_one_place(deploy, tmp_path):
             rule["for"] = None
     assert original == shortened, "shortening changed more than the for: values"
 
-    promtool = deploy.tool("promtool")
+    promtool = artefacts.tool("promtool")
     copy = tmp_path / "short.rules.yml"
     copy.write_text(short, encoding="utf-8")
-    deploy.run([promtool, "check", "rules", str(copy)], timeout=60)
+    artefacts.run([promtool, "check", "rules", str(copy)], timeout=60)
+
+
+def test_runbook_base_is_configurable(tmp_path):
+    module = _render_rules_module()
+    text = artefacts.RULES_FILE.read_text(encoding="utf-8")
+    # the committed rules link to the runbooks in this repository, never to a placeholder host
+    urls = module.runbook_urls(text)
+    assert len(urls) == len(artefacts.alerting_rules())
+    assert {base for base, _ in urls} == {module.DEFAULT_RUNBOOK_BASE}
+    assert (artefacts.ROOT / module.DEFAULT_RUNBOOK_BASE).is_file()
+
+    base = "https://wiki.example.com/sre/vllm-dp-exporter/runbooks.md"
+    moved = module.rules_with_runbook_base(text, base)
+    assert [a for _, a in module.runbook_urls(moved)] == [a for _, a in urls]
+    original, rebased = artefacts.load_rules(), yaml.safe_load(moved)
+    for rule in [r for g in rebased["groups"] for r in g["rules"] if "alert" in r]:
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"{base}#{rule['alert'].lower()}"
+        rule["annotations"]["runbook_url"] = None
+    for rule in [r for g in original["groups"] for r in g["rules"] if "alert" in r]:
+        rule["annotations"]["runbook_url"] = None
+    assert original == rebased, "changing the runbook base changed more than runbook_url"
+
+    promtool = artefacts.tool("promtool")
+    copy = tmp_path / "rebased.rules.yml"
+    artefacts.run(
+        [sys.executable, "deploy/prometheus/render_rules.py", "rules", "--runbook-base", base,
+         "-o", str(copy)]
+    )  # fmt: skip
+    assert copy.read_text(encoding="utf-8") == moved
+    artefacts.run([promtool, "check", "rules", str(copy)], timeout=60)
+
+
+def test_prometheusrule_labels_and_runbook_base_from_the_command_line():
+    base = "https://git.example.com/ops/vllm-dp-exporter/blob/main/docs/runbooks.md"
+    out = artefacts.run(
+        [sys.executable, "deploy/prometheus/render_rules.py", "prometheusrule",
+         "--label", "release=kube-prometheus-stack", "--label", "team=ml", "--runbook-base", base]
+    ).stdout  # fmt: skip
+    manifest = yaml.safe_load(out)
+    labels = manifest["metadata"]["labels"]
+    assert labels["release"] == "kube-prometheus-stack" and labels["team"] == "ml"
+    assert labels["app.kubernetes.io/name"] == "vllm-dp-exporter"
+    for group in manifest["spec"]["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule["annotations"]["runbook_url"].startswith(base + "#")
+    bad = subprocess.run(
+        [sys.executable, "deploy/prometheus/render_rules.py", "prometheusrule", "--label", "x y"],
+        cwd=artefacts.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+
+
+def test_summaries_name_namespace_and_pod():
+    for rule in artefacts.alerting_rules():
+        summary = rule["annotations"]["summary"]
+        if "$labels.instance" not in summary:
+            continue  # absent(): no target labels at all
+        for label in ("namespace", "pod"):
+            assert f"with $labels.{label}" in summary, f"{rule['alert']}: summary lacks {label}"
+
+
+def _unit_test_cases() -> list[dict]:
+    cases = []
+    for path in artefacts.RULE_TESTS_DIR.glob("*.yml"):
+        cases += yaml.safe_load(path.read_text(encoding="utf-8")).get("tests", [])
+    return cases
+
+
+def test_engine_down_tells_start_up_from_an_outage():
+    rules = {rule["alert"]: rule for rule in artefacts.alerting_rules()}
+    down = rules["VllmDpEngineDown"]["expr"]
+    assert "vllm_dp_engine_last_success_timestamp_seconds" in down
+    assert "max_over_time(vllm_dp_engine_up[" in down
+    assert "VllmDpEngineNeverUp" in rules
+    # promtool cases for both: an engine that starts with engine_up 0 must keep
+    # VllmDpEngineDown silent, and one that was 1 then 0 must fire it.
+    start_up_silent = outage_fires = False
+    for case in _unit_test_cases():
+        ups = [
+            s["values"].split()
+            for s in case["input_series"]
+            if s["series"].startswith("vllm_dp_engine_up{")
+        ]
+        checks = [
+            c for c in case.get("alert_rule_test", []) if c["alertname"] == "VllmDpEngineDown"
+        ]
+        if (
+            any(v[0].startswith("0") for v in ups)
+            and checks
+            and not any(c.get("exp_alerts") for c in checks)
+        ):
+            start_up_silent = True
+        if any(c.get("exp_alerts") for c in checks) and all(v[0].startswith("1") for v in ups):
+            outage_fires = True
+    assert start_up_silent and outage_fires
+
+
+def test_sleep_state_mismatch_recording_rule():
+    records = {
+        rule["record"]: rule
+        for group in artefacts.load_rules()["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    expr = records["vllm_dp:engine_sleep_state_mismatch"]["expr"]
+    assert 'vllm:engine_sleep_state{sleep_state="awake"}' in expr
+    assert 'vllm_dp_engine_state{state="asleep"}' in expr
+    assert "on (namespace, model_name, engine)" in expr
+    assert artefacts.metric_names(expr) - artefacts.catalog_sample_names() == set()
+    tested = {
+        check["expr"] for case in _unit_test_cases() for check in case.get("promql_expr_test", [])
+    }
+    assert "vllm_dp:engine_sleep_state_mismatch" in tested

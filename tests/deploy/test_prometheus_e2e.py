@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_listen_port
-from tests.deploy.conftest import DASHBOARD_FILE, ROOT, alerting_rules, load_rules, tool
+from exporter.ports import free_listen_port
+from tests.harness.artefacts import DASHBOARD_FILE, ROOT, alerting_rules, load_rules, tool
 
 sys.path.insert(0, str(ROOT / "deploy" / "prometheus"))
 from render_rules import read_rules, rules_with_for

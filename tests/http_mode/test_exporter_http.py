@@ -14,8 +14,8 @@ import pytest
 from exporter.ports import free_listen_port
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.transport.http_replies import DEV_MODE_OFF
-
-from .conftest import HOST, RunningExporter, StartApi, StartExporter, http_config
+from tests.harness.apiservers import HOST, StartApi, http_config
+from tests.harness.service import Service, ServiceFactory
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -63,14 +63,14 @@ def key_shape(obj: Any) -> Any:
 
 
 async def test_inconsistent_target_through_the_exporter(
-    start_api: StartApi, start_exporter: StartExporter
+    start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:
     a = await start_api(engines=1)
     b = await start_api(
         engines=3, engine_options=[SimOptions(), SimOptions(sleeping=True), SimOptions()]
     )
     ex = await start_exporter(http_config([f"node-a={a.url}", f"node-b={b.url}"]))
-    await ex.poll()
+    await ex.fresh_poll()
     text = await ex.metrics()
     assert value(text, "vllm_dp_fleet_state", state="inconsistent") == 1
     assert value(text, "vllm_dp_fleet_state", state="consistent") == 0
@@ -91,8 +91,9 @@ async def test_inconsistent_target_through_the_exporter(
     assert total is not None and total >= 2
     assert value(text, "vllm_dp_engines_connected") == 2
     assert value(text, "vllm_dp_engines_expected") == 2
-    # The paused query is not available over HTTP: its series stay absent.
-    assert value(text, "vllm_dp_engine_paused") is None
+    # The paused query goes to GET /is_paused: node-b's own engines disagree there too.
+    assert value(text, "vllm_dp_engine_paused", engine="node-a") == 0
+    assert value(text, "vllm_dp_engine_paused", engine="node-b") is None
     status = await ex.status()
     assert status["attach"] == "http"
     assert status["consistent"] is False
@@ -103,16 +104,16 @@ async def test_inconsistent_target_through_the_exporter(
     assert by_engine["node-b"]["values"] == [False, True, False]
     assert by_engine["node-b"]["address"] == b.url
     assert by_engine["node-a"]["outcome"] == "ok" and by_engine["node-a"]["value"] is False
-    assert status["is_scheduler_paused"]["state"] == "unknown"
+    assert status["is_scheduler_paused"]["state"] == "inconsistent"
 
 
 async def test_agreeing_targets_are_consistent_and_ready(
-    start_api: StartApi, start_exporter: StartExporter
+    start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:
     a = await start_api(engines=2, engine_options=[SimOptions(sleeping=True)] * 2)
     b = await start_api(engines=2, engine_options=[SimOptions(sleeping=True)] * 2)
     ex = await start_exporter(http_config([a.url, b.url]))
-    await ex.poll()
+    await ex.fresh_poll()
     text = await ex.metrics()
     assert value(text, "vllm_dp_fleet_state", state="consistent") == 1
     assert value(text, "vllm_dp_sleeping") == 1
@@ -122,7 +123,7 @@ async def test_agreeing_targets_are_consistent_and_ready(
         assert resp.status == 200
     # Each target's vLLM version comes from GET /version, off the poll path.
     for _ in range(50):
-        await ex.poll()
+        await ex.fresh_poll()
         text = await ex.metrics()
         if value(text, "vllm_dp_engine_info", engine="1", vllm_version="0.33.0") == 1:
             break
@@ -131,18 +132,18 @@ async def test_agreeing_targets_are_consistent_and_ready(
     # A target going to sleep differently flips the fleet to inconsistent.
     for engine in b.sim.engines:
         engine.wake_up(None)
-    await ex.poll()
+    await ex.fresh_poll()
     text = await ex.metrics()
     assert value(text, "vllm_dp_fleet_state", state="inconsistent") == 1
 
 
 async def test_dev_mode_off_reported_as_failed(
-    start_api: StartApi, start_exporter: StartExporter
+    start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:
     a = await start_api(engines=1)
     off = await start_api(engines=1, dev_mode=False)
     ex = await start_exporter(http_config([a.url, f"nodev={off.url}"]))
-    await ex.poll()
+    await ex.fresh_poll()
     status = await ex.status()
     entry = {e["engine"]: e for e in status["engines"]}["nodev"]
     assert entry["outcome"] == "failed"
@@ -157,12 +158,12 @@ async def test_dev_mode_off_reported_as_failed(
 
 
 async def test_slow_target_does_not_delay_the_poll(
-    start_api: StartApi, start_exporter: StartExporter
+    start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:
     a = await start_api(engines=1)
     slow = await start_api(engines=1, engine_options=[SimOptions(hang=True)])
     ex = await start_exporter(http_config([a.url, f"slow={slow.url}"], call_timeout=0.5))
-    await ex.poll()
+    await ex.fresh_poll()
     snap = ex.exporter.poller.snapshot
     assert snap.poll_duration_s < 1.5
     text = await ex.metrics()
@@ -174,7 +175,7 @@ async def test_slow_target_does_not_delay_the_poll(
 
 
 async def test_admin_reset_partial_failure_names_the_target(
-    start_api: StartApi, start_exporter: StartExporter
+    start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:
     good = await start_api(engines=2)
     refusing = await start_api(
@@ -213,7 +214,7 @@ async def test_admin_reset_partial_failure_names_the_target(
 
 async def test_token_reaches_targets_and_stays_out_of_logs(
     start_api: StartApi,
-    start_exporter: StartExporter,
+    start_exporter: ServiceFactory,
     caplog: pytest.LogCaptureFixture,
     tmp_path: Path,
 ) -> None:
@@ -224,7 +225,7 @@ async def test_token_reaches_targets_and_stays_out_of_logs(
     a = await start_api(engines=2, engine_options=[SimOptions(), SimOptions(sleeping=True)])
     gone = f"http://{HOST}:{free_listen_port()}"
     ex = await start_exporter(http_config([a.url, gone], http_token_file=str(f)))
-    await ex.poll()
+    await ex.fresh_poll()
     async with ex.session.post(f"{ex.admin_url}/admin/reset_prefix_cache") as resp:
         assert resp.status == 502
         admin_text = await resp.text()
@@ -237,7 +238,7 @@ async def test_token_reaches_targets_and_stays_out_of_logs(
 
 
 @pytest.fixture
-async def owner_exporter(start_exporter: StartExporter) -> AsyncIterator[RunningExporter]:
+async def owner_exporter(start_exporter: ServiceFactory) -> AsyncIterator[Service]:
     from exporter.config import resolve_config
 
     handshake = f"tcp://{HOST}:{free_listen_port()}"
@@ -266,19 +267,19 @@ async def owner_exporter(start_exporter: StartExporter) -> AsyncIterator[Running
 
 
 async def test_metrics_and_status_shape_match_zmq_mode(
-    start_api: StartApi, start_exporter: StartExporter, owner_exporter: RunningExporter
+    start_api: StartApi, start_exporter: ServiceFactory, owner_exporter: Service
 ) -> None:
     a = await start_api(engines=1)
     b = await start_api(engines=1, engine_options=[SimOptions(sleeping=True)])
     http = await start_exporter(http_config([a.url, b.url]))
     # The targets' versions (engine_info) arrive from GET /version shortly after they answer.
     for _ in range(50):
-        await http.poll()
+        await http.fresh_poll()
         if all(d.vllm_version for d in http.exporter.client.engine_details()):
             break
         await asyncio.sleep(0.02)
-    await http.poll()
-    await owner_exporter.poll()
+    await http.fresh_poll()
+    await owner_exporter.fresh_poll()
     for ex in (http, owner_exporter):
         async with ex.session.post(
             f"{ex.admin_url}/admin/reset_prefix_cache?reset_running_requests=true"
@@ -289,10 +290,9 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     zmq_labels, http_labels = label_names(zmq_text), label_names(http_text)
     for name in set(zmq_labels) & set(http_labels):
         assert http_labels[name] == zmq_labels[name], name
-    # Only what the HTTP dev routes cannot tell is missing: engine_paused (no
-    # is_scheduler_paused route). engine_info comes from GET /version once a target answered.
-    assert set(zmq_labels) - set(http_labels) == {"vllm_dp_engine_paused"}
-    assert set(http_labels) <= set(zmq_labels)
+    # Nothing is missing: is_scheduler_paused goes to GET /is_paused, engine_info comes from
+    # GET /version once a target answered.
+    assert set(zmq_labels) == set(http_labels)
     # Same engine label values for the same positions (no names given: "0", "1").
     assert {lbl["engine"] for n, lbl, _ in samples(http_text) if n == "vllm_dp_engine_up"} == {
         "0",

@@ -15,10 +15,9 @@ from exporter.error import ConfigError, MethodNotAllowed
 from exporter.fleet import Outcome
 from exporter.ports import free_listen_port
 from exporter.sim.engine import SimOptions
-from exporter.transport.http import NOT_AVAILABLE, HttpFleetClient, HttpTarget
+from exporter.transport.http import HttpFleetClient, HttpTarget
 from exporter.transport.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
-
-from .conftest import HOST, StartApi, http_config
+from tests.harness.apiservers import HOST, StartApi, http_config
 
 
 @pytest.fixture
@@ -152,23 +151,29 @@ async def test_unreachable_target_is_disconnected(
     assert client.connected_count() == 1
 
 
-async def test_is_scheduler_paused_sends_nothing(
+async def test_is_scheduler_paused_asks_is_paused(
     start_api: StartApi, clients: list[HttpFleetClient]
 ) -> None:
     a = await start_api(engines=1)
     client = await client_for(clients, [a.url])
+    assert client.supports("is_scheduler_paused")
     [o] = await client.call_utility("is_scheduler_paused", timeout_s=2)
-    assert o.outcome is Outcome.FAILED and o.error == NOT_AVAILABLE
-    assert a.sim.requests == []
+    assert (o.outcome, o.value) == (Outcome.OK, False)
+    assert [(m, p) for m, p, _ in a.sim.requests] == [("GET", "/is_paused")]
 
 
 async def test_methods_outside_the_allow_list_are_refused(
     start_api: StartApi, clients: list[HttpFleetClient]
 ) -> None:
     a = await start_api(engines=1)
-    client = await client_for(clients, [a.url])
+    client = HttpFleetClient(
+        parse_targets([a.url]), allowed_methods=frozenset({"is_sleeping", "reset_prefix_cache"})
+    )
+    await client.start()
+    clients.append(client)
     with pytest.raises(MethodNotAllowed):
         await client.call_utility("sleep", (1,), timeout_s=1)
+    assert not client.supports("sleep") and client.supports("is_sleeping")
     with pytest.raises(MethodNotAllowed):
         await client.call_utility("reset_prefix_cache", (True, False, True), timeout_s=1)
     assert a.sim.requests == []

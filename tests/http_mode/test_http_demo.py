@@ -10,8 +10,7 @@ import aiohttp
 from exporter.demo.common import DemoOptions
 from exporter.demo.http import node_sizes, run_http_demo
 from exporter.ports import free_listen_port
-
-from .conftest import HOST
+from tests.harness.apiservers import HOST
 
 
 def test_node_sizes() -> None:

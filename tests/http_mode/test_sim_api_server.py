@@ -11,8 +11,7 @@ import pytest
 
 from exporter.sim.api_server import ENGINE_DEAD_MESSAGE
 from exporter.sim.engine import SimOptions
-
-from .conftest import StartApi
+from tests.harness.apiservers import StartApi
 
 
 @pytest.fixture

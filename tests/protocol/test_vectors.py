@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from exporter.error import ProtocolError
@@ -53,7 +55,7 @@ def test_requests_reproduce_vectors(vectors: dict[str, bytes], name: str) -> Non
     assert list(decoded.args) == list(args)
 
 
-REPLIES = {
+REPLIES: dict[str, dict[str, Any]] = {
     "eco_utility_true_e1": dict(engine_index=1, call_id=7, value=True),
     "eco_utility_true_e0": dict(engine_index=0, call_id=7, value=True),
     "eco_utility_none_e1": dict(engine_index=1, call_id=9, value=None),

@@ -1,162 +1,17 @@
-"""Relay-mode test harness: a simulated stock front end, the relay exporter, simulated engines.
-
-Everything runs in the test's event loop on real ZMQ sockets bound to free 127.0.0.1 ports;
-every wait is bounded.
-"""
+"""Fixtures of the relay-mode tests (the harness: ``tests/harness/relay.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
-from exporter.attach import build_fleet
-from exporter.client import EngineCoreClient
-from exporter.config import ServeConfig
-from exporter.faults import ProtocolErrorTally
-from exporter.fleet import EngineOutcome
-from exporter.ports import free_listen_port
-from exporter.sim.engine import SimEngine, SimOptions
-from exporter.sim.frontend import SimFrontend
-from exporter.stats import Stats
-from exporter.transport.relay import RelayTransport
-from tests.helpers import eventually
-
-VECTORS = json.loads(
-    (Path(__file__).resolve().parents[1] / "data" / "engine-core.json").read_text()
-)["vectors"]
-
-
-def vector(name: str) -> bytes:
-    return bytes.fromhex(VECTORS[name]["hex"])
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    await eventually(predicate, timeout_s, what)
-
-
-@dataclass
-class Relay:
-    """One relay exporter: the FleetClient, its transport, tally and stats."""
-
-    client: EngineCoreClient
-    errors: ProtocolErrorTally
-    stats: Stats
-
-    @property
-    def transport(self) -> RelayTransport:
-        return cast(RelayTransport, self.client.transport)
-
-    async def call(
-        self, method: str = "is_sleeping", timeout_s: float = 1.0
-    ) -> list[EngineOutcome]:
-        return await self.client.call_utility(method, timeout_s=timeout_s)
-
-
-@dataclass
-class Harness:
-    engine_count: int
-    tmp_path: Path
-    frontend_address: str = field(default_factory=lambda: f"tcp://127.0.0.1:{free_listen_port()}")
-    relay_address: str = field(default_factory=lambda: f"tcp://127.0.0.1:{free_listen_port()}")
-    frontend: SimFrontend | None = None
-    relays: list[Relay] = field(default_factory=list)
-    engines: list[SimEngine] = field(default_factory=list)
-    engine_tasks: list[asyncio.Task[str]] = field(default_factory=list)
-
-    @property
-    def relay(self) -> Relay:
-        return self.relays[-1]
-
-    @property
-    def fe(self) -> SimFrontend:
-        assert self.frontend is not None
-        return self.frontend
-
-    async def start_frontend(self, *, call_loop: bool = True) -> SimFrontend:
-        self.frontend = SimFrontend(self.frontend_address, self.engine_count)
-        await self.frontend.start(call_loop=call_loop)
-        return self.frontend
-
-    def serve_config(self, **overrides: Any) -> ServeConfig:
-        values: dict[str, Any] = {
-            "attach": "relay",
-            "engine_count": self.engine_count,
-            "handshake_address": self.relay_address,
-            "upstream_handshake_address": self.frontend_address,
-            "admin_listen": "off",
-            "listen": "127.0.0.1:0",
-        }
-        values.update(overrides)
-        return ServeConfig(**values)
-
-    async def start_relay(self, **overrides: Any) -> Relay:
-        errors = ProtocolErrorTally()
-        stats = Stats()
-        client = build_fleet(
-            self.serve_config(**overrides), errors, relay_handshakes=stats.relay_handshakes
-        )
-        assert isinstance(client, EngineCoreClient)
-        relay = Relay(client, errors, stats)
-        await client.start()
-        self.relays.append(relay)
-        return relay
-
-    def start_engine(self, index: int, options: SimOptions | None = None) -> SimEngine:
-        engine = SimEngine(self.relay_address, index, options or SimOptions())
-        self.engines.append(engine)
-        self.engine_tasks.append(asyncio.create_task(engine.run()))
-        return engine
-
-    def start_engines(self, options: dict[int, SimOptions] | None = None) -> list[SimEngine]:
-        return [self.start_engine(i, (options or {}).get(i)) for i in range(self.engine_count)]
-
-    async def wait_handshakes(self, timeout_s: float = 5.0) -> None:
-        await self.relay.transport.wait_connected(timeout_s)
-        await self.fe.wait_connected(timeout_s)
-
-    async def close(self) -> None:
-        stopping = []
-        for engine, task in zip(self.engines, self.engine_tasks, strict=True):
-            if engine.connected.is_set() and not task.done():
-                engine.stop()
-                stopping.append(task)
-            else:  # still waiting for INIT (or done): nothing graceful to do
-                task.cancel()
-        if stopping:
-            await asyncio.wait(stopping, timeout=2.0)
-        for task in self.engine_tasks:
-            task.cancel()
-        await asyncio.gather(*self.engine_tasks, return_exceptions=True)
-        for relay in self.relays:
-            with contextlib.suppress(Exception):
-                await relay.client.close()
-        if self.frontend is not None:
-            await self.frontend.close()
-
-
-def cross_talk(errors: ProtocolErrorTally) -> Counter[str]:
-    """Error kinds that would mean a reply reached the wrong client or engine."""
-    kinds = ("unknown_call_id", "wrong_engine", "wrong_engine_index", "non_utility_output")
-    return Counter({k: errors.counts[k] for k in kinds if errors.counts.get(k)})
+from tests.harness.relay import MakeHarness, RelayHarnesses
 
 
 @pytest.fixture
-async def make_harness(tmp_path: Path) -> AsyncIterator[Callable[[int], Harness]]:
-    made: list[Harness] = []
-
-    def factory(engine_count: int) -> Harness:
-        harness = Harness(engine_count, tmp_path)
-        made.append(harness)
-        return harness
-
-    yield factory
-    for harness in made:
-        await harness.close()
+async def make_harness(tmp_path: Path) -> AsyncIterator[MakeHarness]:
+    harnesses = RelayHarnesses(tmp_path)
+    yield harnesses.make
+    await harnesses.close()

@@ -8,7 +8,7 @@ import pytest
 from exporter.error import ProtocolError
 from exporter.protocol import decode_init, encode_init
 from exporter.protocol.relay import append_client_slot, strip_client_slot
-from tests.relay.conftest import vector
+from tests.harness.wire import vector
 
 IN = "tcp://10.1.2.3:7001"
 OUT = "tcp://10.1.2.3:7002"

@@ -18,12 +18,14 @@ from exporter.protocol.relay import append_client_slot, strip_client_slot
 from exporter.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.transport.links import Phase
-from tests.relay.conftest import Harness, cross_talk, vector, wait_until
+from tests.harness.relay import MakeHarness, RelayHarness, cross_talk
+from tests.harness.waiting import eventually
+from tests.harness.wire import vector
 
 pytestmark = pytest.mark.timeout(10)
 
 
-async def _exporter_calls(harness: Harness, duration_s: float) -> list[list[Outcome]]:
+async def _exporter_calls(harness: RelayHarness, duration_s: float) -> list[list[Outcome]]:
     rounds = []
     deadline = time.monotonic() + duration_s
     while time.monotonic() < deadline:
@@ -34,8 +36,10 @@ async def _exporter_calls(harness: Harness, duration_s: float) -> list[list[Outc
 
 
 @pytest.mark.parametrize("engine_count", [1, 3])
-async def test_relay_concurrent_calls_without_cross_talk(make_harness, engine_count: int) -> None:
-    h: Harness = make_harness(engine_count)
+async def test_relay_concurrent_calls_without_cross_talk(
+    make_harness: MakeHarness, engine_count: int
+) -> None:
+    h: RelayHarness = make_harness(engine_count)
     await h.start_frontend()
     relay = await h.start_relay()
     engines = h.start_engines()
@@ -80,8 +84,10 @@ async def test_relay_concurrent_calls_without_cross_talk(make_harness, engine_co
     assert len({v.output_address for v in transport.link_views()}) == engine_count
 
 
-async def test_exporter_closed_after_handshake_front_end_unaffected(make_harness) -> None:
-    h: Harness = make_harness(2)
+async def test_exporter_closed_after_handshake_front_end_unaffected(
+    make_harness: MakeHarness,
+) -> None:
+    h: RelayHarness = make_harness(2)
     await h.start_frontend()
     relay = await h.start_relay()
     h.start_engines()
@@ -90,7 +96,7 @@ async def test_exporter_closed_after_handshake_front_end_unaffected(make_harness
     await relay.client.close()
     h.relays.clear()
     before = len(h.fe.outcomes)
-    await wait_until(lambda: len(h.fe.outcomes) - before >= 20, 5.0, "front end calls")
+    await eventually(lambda: len(h.fe.outcomes) - before >= 20, 5.0, "front end calls")
     after = h.fe.outcomes[before:]
     assert all(o.outcome is Outcome.OK for o in after)
     assert max(o.duration_s or 0.0 for o in after) < 0.5
@@ -98,8 +104,10 @@ async def test_exporter_closed_after_handshake_front_end_unaffected(make_harness
     assert all(not e.options.dead_after_calls and e.output_alive for e in h.engines)
 
 
-async def test_exporter_restart_on_fixed_addresses_with_state_file(make_harness) -> None:
-    h: Harness = make_harness(3)
+async def test_exporter_restart_on_fixed_addresses_with_state_file(
+    make_harness: MakeHarness,
+) -> None:
+    h: RelayHarness = make_harness(3)
     base = free_port_range(4)
     state_file = h.tmp_path / "relay-state.json"
     opts = {"fixed_base_port": base, "state_file": str(state_file)}
@@ -137,21 +145,21 @@ async def test_exporter_restart_on_fixed_addresses_with_state_file(make_harness)
         outcomes = await relay2.call(timeout_s=poll_interval)
     assert [o.outcome for o in outcomes] == [Outcome.OK] * 3
     assert t2.connected_count() == 3
-    await wait_until(lambda: relay2.errors.counts.get("unknown_call_id", 0) >= 1, 2.0, "stale")
+    await eventually(lambda: relay2.errors.counts.get("unknown_call_id", 0) >= 1, 2.0, "stale")
     assert relay2.stats.relay_handshakes == {}
     assert all(h.fe.hello_count(i) == 1 and h.fe.ready_count(i) == 1 for i in range(3))
     assert all(v.handshakes == 0 for v in t2.link_views())
     assert cross_talk(h.fe.errors) == {}
 
 
-async def test_engine_death_seen_by_both_and_attributed(make_harness) -> None:
-    h: Harness = make_harness(3)
+async def test_engine_death_seen_by_both_and_attributed(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(3)
     await h.start_frontend()
     relay = await h.start_relay()
     h.start_engines({1: SimOptions(dead_after_calls=8)})
     await h.wait_handshakes()
-    await wait_until(lambda: relay.transport.phase(1) is Phase.DEAD, 5.0, "engine 1 dead")
-    await wait_until(lambda: h.fe.dead(1), 2.0, "front end sees engine 1 dead")
+    await eventually(lambda: relay.transport.phase(1) is Phase.DEAD, 5.0, "engine 1 dead")
+    await eventually(lambda: h.fe.dead(1), 2.0, "front end sees engine 1 dead")
     views = {v.engine_index: v for v in relay.transport.link_views()}
     assert [views[i].dead for i in range(3)] == [False, True, False]
     assert not h.fe.dead(0) and not h.fe.dead(2)
@@ -160,8 +168,8 @@ async def test_engine_death_seen_by_both_and_attributed(make_harness) -> None:
     assert relay.transport.connected_count() == 2
 
 
-async def test_upstream_late(make_harness) -> None:
-    h: Harness = make_harness(3)
+async def test_upstream_late(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(3)
     relay = await h.start_relay()
     h.start_engines()
     await asyncio.sleep(1.0)
@@ -175,12 +183,12 @@ async def test_upstream_late(make_harness) -> None:
     assert relay.stats.relay_handshakes == {"completed": 3}
 
 
-async def test_upstream_timeout_is_counted_and_never_replayed(make_harness) -> None:
-    h: Harness = make_harness(1)
+async def test_upstream_timeout_is_counted_and_never_replayed(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(1)
     relay = await h.start_relay()
     relay.transport.config.upstream_timeout_s = 0.3
     h.start_engine(0, SimOptions(handshake_timeout_s=5.0))
-    await wait_until(
+    await eventually(
         lambda: relay.stats.relay_handshakes["upstream_timeout"] == 1, 3.0, "upstream timeout"
     )
     assert relay.transport.phase(0) is Phase.IDLE
@@ -190,8 +198,8 @@ async def test_upstream_timeout_is_counted_and_never_replayed(make_harness) -> N
     assert h.fe.hello_count(0) == 0
 
 
-async def test_unknown_identity_is_counted_not_forwarded(make_harness) -> None:
-    h: Harness = make_harness(2)
+async def test_unknown_identity_is_counted_not_forwarded(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(2)
     await h.start_frontend()
     relay = await h.start_relay()
     h.start_engines()
@@ -199,7 +207,7 @@ async def test_unknown_identity_is_counted_not_forwarded(make_harness) -> None:
     task = asyncio.create_task(stranger.run())
     try:
         await h.wait_handshakes()
-        await wait_until(
+        await eventually(
             lambda: relay.errors.counts.get("unknown_identity", 0) >= 1, 3.0, "unknown identity"
         )
         assert h.fe.transport.received[(b"\x07\x00", "HELLO")] == 0
@@ -209,9 +217,9 @@ async def test_unknown_identity_is_counted_not_forwarded(make_harness) -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_init_rewrite_refused_forwards_unchanged(make_harness) -> None:
+async def test_init_rewrite_refused_forwards_unchanged(make_harness: MakeHarness) -> None:
     """A front end whose INIT is not canonical: forwarded as is, engine not served by us."""
-    h: Harness = make_harness(1)
+    h: RelayHarness = make_harness(1)
     relay = await h.start_relay()
     # A valid INIT whose data_parallel_size 2 is written as uint16 (cd 0002), not fixint.
     canonical = encode_init(
@@ -244,8 +252,8 @@ async def test_init_rewrite_refused_forwards_unchanged(make_harness) -> None:
         ctx.term()
 
 
-async def test_engine_restart_relayed_again(make_harness) -> None:
-    h: Harness = make_harness(2)
+async def test_engine_restart_relayed_again(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(2)
     await h.start_frontend()
     relay = await h.start_relay()
     h.start_engines()
@@ -254,7 +262,7 @@ async def test_engine_restart_relayed_again(make_harness) -> None:
     old.stop()
     await asyncio.wait_for(h.engine_tasks[0], 3.0)
     h.start_engine(0)
-    await wait_until(lambda: h.fe.ready_count(0) == 2, 5.0, "second READY at the front end")
+    await eventually(lambda: h.fe.ready_count(0) == 2, 5.0, "second READY at the front end")
     await relay.transport.wait_connected(3.0)
     assert h.fe.hello_count(0) == 2 and h.fe.hello_count(1) == 1
     assert relay.stats.relay_handshakes == {"completed": 3}
@@ -263,14 +271,14 @@ async def test_engine_restart_relayed_again(make_harness) -> None:
     assert [o.outcome for o in outcomes] == [Outcome.OK, Outcome.OK]
 
 
-async def test_exporter_runtime_readiness_and_metric(make_harness) -> None:
-    h: Harness = make_harness(2)
+async def test_exporter_runtime_readiness_and_metric(make_harness: MakeHarness) -> None:
+    h: RelayHarness = make_harness(2)
     await h.start_frontend()
     exporter = Exporter(h.serve_config(poll_interval=0.2, call_timeout=0.5, poll_jitter=0.0))
     await exporter.start()
     try:
         h.start_engines()
-        await wait_until(lambda: exporter.poller.snapshot.ready, 5.0, "exporter ready")
+        await eventually(lambda: exporter.poller.snapshot.ready, 5.0, "exporter ready")
         text = generate_latest(exporter.registry).decode()
         assert 'vllm_dp_relay_handshakes_total{result="completed"} 2.0' in text
         assert cross_talk(exporter.errors) == {}

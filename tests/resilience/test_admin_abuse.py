@@ -21,8 +21,7 @@ from aiohttp import web
 from exporter.admin import ADMIN_SHUTDOWN_KEY, MAX_ADMIN_BODY, RESET_PATH, create_admin_app
 from exporter.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
 from exporter.sim.engine import SimOptions
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import Service
+from tests.harness.service import Service, ServiceFactory
 
 TOKEN = "adm-4f1c9e2b7d3a"
 ATTACKER, OPERATOR = "127.0.0.2", "127.0.0.1"
@@ -244,7 +243,7 @@ async def test_item9_same_key_while_the_first_runs_is_409(
     service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
 ) -> None:
     svc = await _service(service_factory, tmp_path, call_timeout=3.0)
-    await svc.start_engines({i: SimOptions(reply_delay_s=0.4) for i in range(2)})
+    await svc.start_engines(by_index={i: SimOptions(reply_delay_s=0.4) for i in range(2)})
     await svc.ready()
     admin = await admin_for(svc)
     key = {"Idempotency-Key": "k-409"}

@@ -11,19 +11,16 @@ import zmq.asyncio
 from exporter.client import EngineCoreClient
 from exporter.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
-from tests.resilience.support import (
-    SimProcess,
-    eventually,
-    make_config,
-    sim_processes,
-    start_service,
-)
+from exporter.stats import histogram_rows
+from tests.harness.processes import SimProcess, sim_processes
+from tests.harness.service import make_config, start_service
+from tests.harness.waiting import eventually
 
 POLLS = 2000
 
 
 async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> None:
-    """Engine 1 alternates between answering, failing (is_scheduler_paused missing) and
+    """Engine 1 alternates between answering, failing ("Server shutting down") and
     hanging. After every poll no call is pending; label sets and per-engine state stay small."""
     config = make_config(2, call_timeout=0.005, poll_interval=5.0)
     exporter = Exporter(config)
@@ -40,7 +37,7 @@ async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> 
         for n in range(POLLS):
             phase = n % 8
             flapper.hang = phase == 7
-            engines[1].state.supports_pause_query = phase not in (3, 4)
+            engines[1].shutting_down = phase in (3, 4)
             await exporter.poller.poll_once()
             assert client.pending_count == 0, f"poll {n}: calls left pending"
             if n % 500 == 499:
@@ -53,7 +50,8 @@ async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> 
         # Bounded, not growing with the number of polls (a 5 ms timeout under CI load may add a
         # timeout series for the healthy engine late, so only the bound is asserted).
         assert max(label_sizes) <= 20
-        assert set(stats.call_durations) == {"is_sleeping", "is_scheduler_paused"}
+        methods = {labels[0] for labels, _, _ in histogram_rows(stats.call_durations)}
+        assert methods == {"is_sleeping", "is_scheduler_paused"}
         assert set(exporter.errors.counts) <= {"unknown_call_id"}, exporter.errors.counts
         assert len(exporter.poller._last_success) <= 2
         assert stats.polls == POLLS

@@ -7,8 +7,10 @@ import time
 
 from exporter.fleet import Outcome
 from exporter.sim.engine import SimOptions
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import SimProcess, eventually, metric, sim_processes
+from tests.harness.processes import SimProcess, sim_processes
+from tests.harness.scrape import metric_value as metric
+from tests.harness.service import ServiceFactory
+from tests.harness.waiting import eventually
 
 MARGIN_S = 0.5
 
@@ -22,7 +24,7 @@ async def test_case1_hung_engines_time_out_alone_and_polls_stay_bounded(
     call_timeout = 0.3
     svc = await service_factory(5, call_timeout=call_timeout, poll_interval=0.1)
     hung = {1, 2, 3}
-    await svc.start_engines({i: SimOptions(hang=True) for i in hung})
+    await svc.start_engines(by_index={i: SimOptions(hang=True) for i in hung})
     await svc.next_polls(2)
     first = svc.exporter.poller.snapshot
     durations = []
@@ -45,8 +47,9 @@ async def test_case1_hung_engines_time_out_alone_and_polls_stay_bounded(
     before = {e.engine: e.last_success_unix for e in first.engines}
     for e in snap.engines:
         if int(e.engine) not in hung:
-            assert e.last_success_unix is not None and before[e.engine] is not None
-            assert e.last_success_unix > before[e.engine]
+            earlier = before[e.engine]
+            assert e.last_success_unix is not None and earlier is not None
+            assert e.last_success_unix > earlier
     families = await svc.scrape()
     for i in range(5):
         up = metric(families, "vllm_dp_engine_up", engine=str(i))

@@ -9,16 +9,11 @@ import time
 import pytest
 
 from exporter.fleet import Outcome
-from tests.resilience.support import (
-    SimProcess,
-    eventually,
-    free_listen_port,
-    free_port_range,
-    make_config,
-    metric,
-    sim_processes,
-    start_service,
-)
+from exporter.ports import free_listen_port, free_port_range
+from tests.harness.processes import SimProcess, sim_processes
+from tests.harness.scrape import metric_value as metric
+from tests.harness.service import make_config, start_service
+from tests.harness.waiting import eventually
 
 
 async def test_case4_reattachable_engine_not_yet_connected_is_disconnected_at_once(

@@ -24,9 +24,10 @@ from exporter.protocol import (
     registration_map,
 )
 from exporter.sim.engine import SimOptions
-from tests.core.rawengine import RawEngine
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import Service, eventually, metric
+from tests.harness.rawengine import RawEngine
+from tests.harness.scrape import metric_value as metric
+from tests.harness.service import Service, ServiceFactory
+from tests.harness.waiting import eventually
 
 BAD_FRAMES_PER_KIND = 100
 
@@ -81,7 +82,7 @@ async def test_case5_malformed_output_frames(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="exporter.protocol_errors")
     svc = await service_factory(2, poll_interval=0.1, call_timeout=0.4)
-    await svc.start_engines({1: SimOptions(sleeping=True)})
+    await svc.start_engines(by_index={1: SimOptions(sleeping=True)})
     await svc.ready()
     await svc.next_polls(2)
     before = fleet_view(svc)
@@ -132,9 +133,9 @@ async def test_case5_malformed_output_frames(
     assert fleet_view(svc) == before
     families = await svc.scrape()
     for kind, n in expected.items():
-        counted = metric(families, "vllm_dp_protocol_errors_total", kind=kind)
+        seen = metric(families, "vllm_dp_protocol_errors_total", kind=kind)
         # late replies from the slowed-down engine 0 may add a few unknown_call_id
-        assert counted is not None and (counted >= n if kind == "unknown_call_id" else counted == n)
+        assert seen is not None and (seen >= n if kind == "unknown_call_id" else seen == n)
     assert metric(families, "vllm_dp_engine_up", engine="0") == 1.0
     assert metric(families, "vllm_dp_engines_connected") == 2.0
     logged = protocol_error_logs(caplog)
@@ -252,7 +253,7 @@ def fuzz_frames() -> list[list[bytes]]:
 
 async def test_case5_live_fuzz_of_an_output_socket(service_factory: ServiceFactory) -> None:
     svc = await service_factory(2, poll_interval=0.1, call_timeout=0.4)
-    await svc.start_engines({1: SimOptions(sleeping=True)})
+    await svc.start_engines(by_index={1: SimOptions(sleeping=True)})
     await svc.ready()
     await svc.next_polls(2)
     before = fleet_view(svc)

@@ -11,8 +11,7 @@ import gzip
 import pytest
 
 from exporter.negotiation import CONTENT_TYPES, OPENMETRICS, TEXT, metrics_format, wants_gzip
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import Service
+from tests.harness.service import Service, ServiceFactory
 
 TEXT_TYPE = CONTENT_TYPES[TEXT]
 OM_TYPE = CONTENT_TYPES[OPENMETRICS]

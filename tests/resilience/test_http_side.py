@@ -16,8 +16,8 @@ from aiohttp import web
 from exporter.admin import ADMIN_SHUTDOWN_KEY, RESET_PATH, create_admin_app
 from exporter.httpguard import guarded_runner
 from exporter.sim.engine import SimOptions
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import ROOT
+from tests.harness.processes import ROOT
+from tests.harness.service import ServiceFactory
 
 TOKEN = "s3cret-admin-token"
 
@@ -223,7 +223,7 @@ async def test_case7_admin_token_abuse_is_rate_limited_and_audited(
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     svc = await service_factory(2, admin_listen="off", admin_token_file=str(token_file))
-    await svc.start_engines({0: SimOptions()})
+    await svc.start_engines(by_index={0: SimOptions()})
     await svc.ready()
     records: list[dict[str, Any]] = []
     admin = create_admin_app(svc.exporter, audit=records.append)

@@ -25,9 +25,9 @@ from exporter.cli import build_parser
 from exporter.config import add_serve_arguments, env_warnings, resolve_config
 from exporter.ctl import clean, format_reset, format_status
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
+from exporter.ports import free_listen_port, free_port_range
 from exporter.service import run_serve
-from tests.resilience.support import PYTHON, ROOT, can_bind, free_port_range
+from tests.harness.processes import PYTHON, ROOT, can_bind
 
 OWNER = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555", "admin_listen": "off"}
 
@@ -191,7 +191,7 @@ def test_item11_files_that_are_not_utf8_or_hold_several_lines(tmp_path: Path) ->
     token = _file(tmp_path, "t3", b"\n  the-token  \r\n")  # surrounding whitespace is fine
     c = resolve_config(None, environ={}, **OWNER, admin_token_file=token)
     assert c.admin_token == "the-token"
-    http = {"attach": "http", "http_target": ("http://h:1",)}
+    http: dict[str, Any] = {"attach": "http", "http_target": ("http://h:1",)}
     assert "not UTF-8" in one_line_error(**http, http_token_file=_file(tmp_path, "h", b"\xff"))
     assert "several lines" in one_line_error(**http, http_token_file=_file(tmp_path, "h2", b"a\nb"))
 

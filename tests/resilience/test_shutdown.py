@@ -11,15 +11,8 @@ import time
 
 import aiohttp
 
-from tests.resilience.support import (
-    PYTHON,
-    ROOT,
-    SimProcess,
-    can_bind,
-    free_listen_port,
-    free_port_range,
-    sim_processes,
-)
+from exporter.ports import free_listen_port, free_port_range
+from tests.harness.processes import PYTHON, ROOT, SimProcess, can_bind, sim_processes
 
 
 async def test_case8_sigterm_during_reset_drains_and_exits_cleanly() -> None:

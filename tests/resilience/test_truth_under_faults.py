@@ -21,11 +21,13 @@ from exporter.protocol import (
     registration_map,
 )
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimOptions
 from exporter.transport.owner import OwnerTransport
-from tests.core.rawengine import RawEngine
-from tests.resilience.conftest import ServiceFactory
-from tests.resilience.support import SimProcess, eventually, metric, sim_processes
+from tests.harness.processes import SimProcess, sim_processes
+from tests.harness.rawengine import RawEngine
+from tests.harness.scrape import metric_value as metric
+from tests.harness.service import RecordingSimEngine, ServiceFactory
+from tests.harness.waiting import eventually
 
 DEEP = b"\x91" * 5000 + b"\xc0"
 
@@ -215,8 +217,8 @@ async def test_item18_coordinated_dp_engines_are_refused_in_owner_mode(
     """A coordinated (MoE) DP engine in owner mode is refused with a clear error naming relay
     mode: not connected, not called, counted; a dense engine beside it is served."""
     svc = await service_factory(2)
-    dense = SimEngine(svc.config.handshake_address, 0, SimOptions(), context=svc.context)
-    moe = SimEngine(
+    dense = RecordingSimEngine(svc.config.handshake_address, 0, SimOptions(), context=svc.context)
+    moe = RecordingSimEngine(
         svc.config.handshake_address, 1, SimOptions(coordinated_dp=True), context=svc.context
     )
     svc.engines += [dense, moe]

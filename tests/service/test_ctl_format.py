@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from exporter.ctl import format_status
 
 
-def _status(sleeping: bool, paused: bool | None) -> dict:
+def _status(sleeping: bool, paused: bool | None) -> dict[str, Any]:
     return {
         "engines_connected": 1,
         "engines_expected": 1,

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_support import CALL_TIMEOUT, FleetFactory
 
 from exporter.sim.engine import SimOptions
-from tests.helpers import eventually
-from tests.helpers import metric_value as value
+from tests.harness.scrape import metric_value as value
+from tests.harness.service import CALL_TIMEOUT, ServiceFactory
+from tests.harness.waiting import eventually
 
 TOKEN = "tok-7f3a9c1e5b2d4a60"
 
@@ -30,7 +30,7 @@ def resets_at_engines(fleet: Any) -> list[int]:
     return [e.calls_by_method.get("reset_prefix_cache", 0) for e in fleet.engines]
 
 
-async def test_all_engines_confirm(fleet_factory: FleetFactory) -> None:
+async def test_all_engines_confirm(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3)
     assert fleet.admin_url is not None and fleet.admin_url.startswith("http://127.0.0.1:")
     status, body, _ = await fleet.reset()
@@ -56,7 +56,7 @@ async def test_all_engines_confirm(fleet_factory: FleetFactory) -> None:
     assert failures and all(s.value == 0 for s in failures)  # preset at 0, never incremented
 
 
-async def test_one_engine_refuses(fleet_factory: FleetFactory) -> None:
+async def test_one_engine_refuses(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3, per_engine={"refuse_reset": {1: True}})
     status, body, _ = await fleet.reset()
     assert status == 502
@@ -79,14 +79,14 @@ async def test_one_engine_refuses(fleet_factory: FleetFactory) -> None:
     assert value(m, "vllm_dp_prefix_cache_last_success_timestamp_seconds") is None
 
 
-async def test_every_engine_refuses_is_failure(fleet_factory: FleetFactory) -> None:
+async def test_every_engine_refuses_is_failure(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, options=SimOptions(refuse_reset=True))
     status, body, _ = await fleet.reset()
     assert status == 502
     assert body["outcome"] == "failure" and body["failed_engines"] == [0, 1]
 
 
-async def test_hung_engine_times_out_within_the_call_timeout(fleet_factory: FleetFactory) -> None:
+async def test_hung_engine_times_out_within_the_call_timeout(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2)
     fleet.engines[0].options.hang = True
     started = time.monotonic()
@@ -112,7 +112,7 @@ async def test_hung_engine_times_out_within_the_call_timeout(fleet_factory: Flee
     )
 
 
-async def test_dead_engine_is_disconnected(fleet_factory: FleetFactory) -> None:
+async def test_dead_engine_is_disconnected(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2)
     dying = fleet.engines[1]
     dying.options.dead_after_calls = dying.calls + 1  # ENGINE_CORE_DEAD after its next call
@@ -137,7 +137,7 @@ async def test_dead_engine_is_disconnected(fleet_factory: FleetFactory) -> None:
     ) >= 1
 
 
-async def test_no_engine_connected_is_503(fleet_factory: FleetFactory) -> None:
+async def test_no_engine_connected_is_503(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, start=False)
     status, body, _ = await fleet.reset()
     assert status == 503
@@ -147,7 +147,7 @@ async def test_no_engine_connected_is_503(fleet_factory: FleetFactory) -> None:
     assert value(m, "vllm_dp_prefix_cache_resets", outcome="failure") == 1.0
 
 
-async def test_token_required(fleet_factory: FleetFactory, tmp_path: Path) -> None:
+async def test_token_required(fleet_factory: ServiceFactory, tmp_path: Path) -> None:
     fleet = await fleet_factory(2, admin_token_file=token_file(tmp_path))
     status, body, headers = await fleet.reset()
     assert status == 401
@@ -164,7 +164,7 @@ async def test_token_required(fleet_factory: FleetFactory, tmp_path: Path) -> No
     assert value(m, "vllm_dp_admin_requests", action="reset_prefix_cache", code="401") == 3.0
 
 
-async def test_bad_parameters_are_400(fleet_factory: FleetFactory) -> None:
+async def test_bad_parameters_are_400(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1)
     status, body, _ = await fleet.reset({"reset_running_requests": "yes"})
     assert status == 400
@@ -180,18 +180,18 @@ async def test_bad_parameters_are_400(fleet_factory: FleetFactory) -> None:
     assert resets_at_engines(fleet) == [0]
 
 
-async def test_get_is_405(fleet_factory: FleetFactory) -> None:
+async def test_get_is_405(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1)
     assert fleet.admin_url is not None
-    async with fleet.http.get(fleet.admin_url + "/admin/reset_prefix_cache") as resp:
+    async with fleet.session.get(fleet.admin_url + "/admin/reset_prefix_cache") as resp:
         assert resp.status == 405
         assert "POST" in resp.headers.get("Allow", "")
-    async with fleet.http.get(fleet.url + "/admin/reset_prefix_cache") as resp:
+    async with fleet.session.get(fleet.url + "/admin/reset_prefix_cache") as resp:
         assert resp.status in (404, 405)  # the admin route is not on the public listener
     assert resets_at_engines(fleet) == [0]
 
 
-async def test_concurrent_resets_exactly_one_409(fleet_factory: FleetFactory) -> None:
+async def test_concurrent_resets_exactly_one_409(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, call_timeout=2.0)
     for engine in fleet.engines:
         engine.options.reply_delay_s = 0.3
@@ -203,7 +203,7 @@ async def test_concurrent_resets_exactly_one_409(fleet_factory: FleetFactory) ->
     assert resets_at_engines(fleet) == [1, 1]
 
 
-async def test_idempotency_key_replays(fleet_factory: FleetFactory) -> None:
+async def test_idempotency_key_replays(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2)
     key = {"Idempotency-Key": "after-step-42"}
     first = await fleet.reset(headers=key)
@@ -217,7 +217,7 @@ async def test_idempotency_key_replays(fleet_factory: FleetFactory) -> None:
     assert resets_at_engines(fleet) == [2, 2]
 
 
-async def test_rate_limit_429_with_retry_after(fleet_factory: FleetFactory) -> None:
+async def test_rate_limit_429_with_retry_after(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1, reset_min_interval=5)
     status, _, _ = await fleet.reset()
     assert status == 200
@@ -229,7 +229,7 @@ async def test_rate_limit_429_with_retry_after(fleet_factory: FleetFactory) -> N
 
 
 async def test_wrong_tokens_lock_out_after_five(
-    fleet_factory: FleetFactory, tmp_path: Path
+    fleet_factory: ServiceFactory, tmp_path: Path
 ) -> None:
     fleet = await fleet_factory(1, admin_token_file=token_file(tmp_path))
     for _ in range(5):
@@ -246,7 +246,7 @@ async def test_wrong_tokens_lock_out_after_five(
 
 
 async def test_audit_record_and_no_token_in_logs(
-    fleet_factory: FleetFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fleet_factory: ServiceFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     records: list[dict[str, Any]] = []
@@ -279,7 +279,7 @@ async def test_audit_record_and_no_token_in_logs(
     assert "engine 1 refused" in caplog.text  # the failure is logged, the token is not
 
 
-async def test_reset_flags_reach_the_engines(fleet_factory: FleetFactory) -> None:
+async def test_reset_flags_reach_the_engines(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2)
     cases = [
         ({"reset_running_requests": "1"}, [True]),
@@ -295,11 +295,11 @@ async def test_reset_flags_reach_the_engines(fleet_factory: FleetFactory) -> Non
     assert body["flags"] == {"reset_running_requests": False, "reset_connector": False}
 
 
-async def test_oversized_body_is_413(fleet_factory: FleetFactory) -> None:
+async def test_oversized_body_is_413(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1)
     assert fleet.admin_url is not None
     url = fleet.admin_url + "/admin/reset_prefix_cache"
-    async with fleet.http.post(url, data=b"x" * 4096) as resp:
+    async with fleet.session.post(url, data=b"x" * 4096) as resp:
         assert resp.status == 413
         assert "too large" in (await resp.json())["error"]
     assert resets_at_engines(fleet) == [0]

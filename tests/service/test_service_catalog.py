@@ -13,12 +13,13 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from service_support import ROOT, Fleet, FleetFactory
 
 from exporter.metrics_catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
 from exporter.sim.state import ALL_TAGS
-from tests.helpers import eventually
-from tests.helpers import metric_value as value
+from tests.harness.processes import ROOT
+from tests.harness.scrape import metric_value as value
+from tests.harness.service import Service, ServiceFactory
+from tests.harness.waiting import eventually
 
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 DESIGN_METRICS = ROOT / "tests" / "data" / "design_metrics.txt"
@@ -88,7 +89,7 @@ def catalog_family(spec: MetricSpec) -> str:
     return spec.family
 
 
-async def send_garbage_to_output_socket(fleet: Fleet) -> None:
+async def send_garbage_to_output_socket(fleet: Service) -> None:
     """A protocol error: an undecodable frame on engine 0's output PULL socket."""
     address = fleet.exporter.client.engine_details()[0].address
     assert address.startswith("tcp://127.0.0.1:")
@@ -107,7 +108,7 @@ def families_with_samples(families: dict[str, Any]) -> set[str]:
 
 
 async def test_live_exporter_exports_every_catalog_and_design_metric(
-    fleet_factory: FleetFactory,
+    fleet_factory: ServiceFactory,
 ) -> None:
     fleet = await fleet_factory(2)
     seen: set[str] = set()
@@ -128,6 +129,10 @@ async def test_live_exporter_exports_every_catalog_and_design_metric(
     fleet.engines[1].state.refuse_reset = True
     status, _, _ = await fleet.reset()
     assert status == 502
+    # A weight verification (engines agree: every engine's mismatch count is 0).
+    assert fleet.admin_url is not None
+    async with fleet.session.post(fleet.admin_url + "/admin/verify_weights") as resp:
+        assert resp.status == 200, await resp.text()
     # A protocol error and an inconsistency.
     await send_garbage_to_output_socket(fleet)
     fleet.engines[0].state.sleeping_tags = set(ALL_TAGS)

@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from service_support import run_cli
 
 from exporter.config import add_serve_arguments, resolve_config
 from exporter.error import ConfigError
 from exporter.ports import free_listen_port
+from tests.harness.processes import run_cli
 
 BASE = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555"}
 
@@ -38,8 +38,8 @@ def test_flags_beat_env_beat_file_beat_defaults(tmp_path: Path) -> None:
     assert c.poll_interval == 1.0  # flag
     assert c.call_timeout == 6.0  # env over file
     assert c.model_name == "from-file"  # file over default
-    assert c.listen == "0.0.0.0:9400"  # default
-    assert c.admin_listen == "127.0.0.1:9401"
+    assert c.listen == "0.0.0.0:19400"  # default
+    assert c.admin_listen == "127.0.0.1:19401"
 
     c = resolve_config(flags("--config", path), environ=env, **BASE)
     assert c.poll_interval == 2.0  # env over file
@@ -66,7 +66,7 @@ def test_config_file_from_env_and_dashes(tmp_path: Path) -> None:
         ({}, {"engine_count": 0}, "--engine-count must be at least 1"),
         ({}, {"handshake_address": "127.0.0.1:5"}, "--handshake-address"),
         ({}, {"attach": "magic"}, "--attach"),
-        ({}, {"listen": "9400"}, "--listen must be HOST:PORT"),
+        ({}, {"listen": "19400"}, "--listen must be HOST:PORT"),
         ({}, {"listen": "0.0.0.0:http"}, "is not a number"),
         ({}, {"admin_listen": "127.0.0.1:70000"}, "out of range"),
         ({}, {"poll_jitter": 1.5}, "--poll-jitter"),
@@ -95,9 +95,9 @@ def test_bad_config_files(tmp_path: Path) -> None:
 
 def test_non_loopback_admin_needs_a_token(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="token"):
-        resolve_config(None, environ={}, admin_listen="0.0.0.0:9401", **BASE)
+        resolve_config(None, environ={}, admin_listen="0.0.0.0:19401", **BASE)
     with pytest.raises(ConfigError, match="token"):
-        resolve_config(None, environ={}, admin_listen="10.1.2.3:9401", **BASE)
+        resolve_config(None, environ={}, admin_listen="10.1.2.3:19401", **BASE)
     for loopback in ("127.0.0.1:0", "localhost:0", "[::1]:0"):
         assert resolve_config(None, environ={}, admin_listen=loopback, **BASE).admin_token is None
     assert resolve_config(None, environ={}, admin_listen="off", **BASE).admin_host_port is None
@@ -105,7 +105,7 @@ def test_non_loopback_admin_needs_a_token(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
     c = resolve_config(
-        None, environ={}, admin_listen="0.0.0.0:9401", admin_token_file=str(token_file), **BASE
+        None, environ={}, admin_listen="0.0.0.0:19401", admin_token_file=str(token_file), **BASE
     )
     assert c.admin_token == "s3cret-token"
     assert "s3cret-token" not in repr(c)

@@ -10,15 +10,11 @@ import time
 from pathlib import Path
 
 import aiohttp
-from service_support import (
-    WAIT_S,
-    FleetFactory,
-    python_cmd,
-    run_cli,
-)
 
 from exporter.ports import free_listen_port
 from exporter.sim.state import ALL_TAGS
+from tests.harness.processes import python_cmd, run_cli
+from tests.harness.service import WAIT_S, ServiceFactory
 
 TOKEN = "ctl-token-91b2c3d4e5f6"
 
@@ -29,7 +25,7 @@ def write_token(tmp_path: Path, token: str = TOKEN, name: str = "token") -> str:
     return str(path)
 
 
-async def test_ctl_reset_success(fleet_factory: FleetFactory, tmp_path: Path) -> None:
+async def test_ctl_reset_success(fleet_factory: ServiceFactory, tmp_path: Path) -> None:
     tf = write_token(tmp_path)
     fleet = await fleet_factory(2, admin_token_file=tf)
     assert fleet.admin_url is not None
@@ -60,7 +56,7 @@ async def test_ctl_reset_success(fleet_factory: FleetFactory, tmp_path: Path) ->
     assert [e.args_of("reset_prefix_cache")[-1] for e in fleet.engines] == [[True], [True]]
 
 
-async def test_ctl_reset_partial_failure_names_the_engine(fleet_factory: FleetFactory) -> None:
+async def test_ctl_reset_partial_failure_names_the_engine(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3, per_engine={"refuse_reset": {2: True}})
     assert fleet.admin_url is not None
     # One after the other: two resets at once would make one of them a 409.
@@ -77,7 +73,7 @@ async def test_ctl_reset_partial_failure_names_the_engine(fleet_factory: FleetFa
     assert json.loads(json_out)["failed_engines"] == [2]
 
 
-async def test_ctl_reset_errors_exit_1(fleet_factory: FleetFactory, tmp_path: Path) -> None:
+async def test_ctl_reset_errors_exit_1(fleet_factory: ServiceFactory, tmp_path: Path) -> None:
     fleet = await fleet_factory(1, admin_token_file=write_token(tmp_path))
     assert fleet.admin_url is not None
     wrong = write_token(tmp_path, "not-the-token", name="wrong")
@@ -110,7 +106,7 @@ async def test_ctl_reset_errors_exit_1(fleet_factory: FleetFactory, tmp_path: Pa
     assert [e.calls_by_method.get("reset_prefix_cache", 0) for e in fleet.engines] == [0]
 
 
-async def test_ctl_status_table_and_json(fleet_factory: FleetFactory) -> None:
+async def test_ctl_status_table_and_json(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3)
     (code, out, err), (down_code, _, down_err) = await asyncio.gather(
         run_cli("ctl", "status", "--url", fleet.url),
@@ -122,7 +118,7 @@ async def test_ctl_status_table_and_json(fleet_factory: FleetFactory) -> None:
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("fleet: awake  engines connected 3/3")
-    assert lines[1].split() == ["ENGINE", "STATE", "UP", "OUTCOME", "VLLM", "ERROR"]
+    assert lines[1].split() == ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "ERROR"]
     assert [line.split()[:4] for line in lines[2:]] == [
         [str(i), "awake", "up", "ok"] for i in range(3)
     ]

@@ -9,9 +9,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from service_support import (
+
+from exporter.ports import free_listen_port
+from tests.harness.processes import (
     ROOT,
     children_of,
     clean_env,
@@ -19,8 +22,6 @@ from service_support import (
     python_cmd,
     terminate,
 )
-
-from exporter.ports import free_listen_port
 
 
 def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | None:
@@ -98,7 +99,7 @@ def _run_demo_until(
 
 
 def test_demo_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    def ready(m: dict) -> bool:
+    def ready(m: dict[str, Any]) -> bool:
         up = m.get("vllm_dp_engine_up", {})
         resets = m.get("vllm_dp_prefix_cache_resets_total", {})
         connected = m.get("vllm_dp_engines_connected", {}).get(())
@@ -114,7 +115,7 @@ def test_demo_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_relay_demo_relays_every_handshake_and_stops_cleanly(tmp_path: Path) -> None:
-    def ready(m: dict) -> bool:
+    def ready(m: dict[str, Any]) -> bool:
         up = m.get("vllm_dp_engine_up", {})
         completed = m.get("vllm_dp_relay_handshakes_total", {}).get((("result", "completed"),))
         return len(up) == 3 and all(v == 1.0 for v in up.values()) and completed == 3.0
@@ -123,7 +124,7 @@ def test_relay_demo_relays_every_handshake_and_stops_cleanly(tmp_path: Path) -> 
 
 
 def test_http_demo_serves_every_target_and_stops_cleanly(tmp_path: Path) -> None:
-    def ready(m: dict) -> bool:
+    def ready(m: dict[str, Any]) -> bool:
         up = m.get("vllm_dp_engine_up", {})
         return len(up) >= 2 and all(v == 1.0 for v in up.values())
 

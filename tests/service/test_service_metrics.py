@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import gzip
 
-from service_support import CALL_TIMEOUT, FleetFactory
-
 from exporter.sim.engine import SimOptions
 from exporter.sim.state import ALL_TAGS
-from tests.helpers import metric_value as value
-from tests.helpers import samples
+from tests.harness.scrape import metric_value as value
+from tests.harness.scrape import samples
+from tests.harness.service import CALL_TIMEOUT, ServiceFactory
 
 ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
 
 
-async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: FleetFactory) -> None:
+async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3, options=SimOptions(vllm_version="0.99.1"))
     m = await fleet.scrape()
     for engine in ("0", "1", "2"):
@@ -41,7 +40,7 @@ async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: FleetFa
     assert value(m, "vllm_dp_utility_calls", method="is_sleeping", engine="0", outcome="ok")
 
 
-async def test_whole_fleet_asleep_and_paused_states(fleet_factory: FleetFactory) -> None:
+async def test_whole_fleet_asleep_and_paused_states(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2)
     for engine in fleet.engines:
         engine.state.sleeping_tags = set(ALL_TAGS)
@@ -65,7 +64,7 @@ async def test_whole_fleet_asleep_and_paused_states(fleet_factory: FleetFactory)
 
 
 async def test_inconsistency_counter_counts_polls_not_scrapes(
-    fleet_factory: FleetFactory,
+    fleet_factory: ServiceFactory,
 ) -> None:
     fleet = await fleet_factory(2, poll_interval=0.4, poll_jitter=0)
     method = {"method": "is_sleeping"}
@@ -110,7 +109,7 @@ async def test_inconsistency_counter_counts_polls_not_scrapes(
     assert value(m, "vllm_dp_sleep_state_consistent") == 1.0
 
 
-async def test_hung_engine_is_unknown_not_inconsistent(fleet_factory: FleetFactory) -> None:
+async def test_hung_engine_is_unknown_not_inconsistent(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3)
     fleet.engines[2].options.hang = True
     await fleet.next_polls()
@@ -142,7 +141,7 @@ async def test_hung_engine_is_unknown_not_inconsistent(fleet_factory: FleetFacto
     assert status == 503
 
 
-async def test_readyz_goes_from_503_to_200(fleet_factory: FleetFactory) -> None:
+async def test_readyz_goes_from_503_to_200(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, start=False)
     status, body = await fleet.get_json("/readyz")
     assert status == 503
@@ -165,7 +164,7 @@ async def test_readyz_goes_from_503_to_200(fleet_factory: FleetFactory) -> None:
     assert body["last_poll"] >= 1
 
 
-async def test_status_json_shape(fleet_factory: FleetFactory) -> None:
+async def test_status_json_shape(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, model_name="m-7b", options=SimOptions(vllm_version="0.33.0"))
     status, body = await fleet.get_json("/status")
     assert status == 200
@@ -198,40 +197,40 @@ async def test_status_json_shape(fleet_factory: FleetFactory) -> None:
     assert [e["value"] for e in body["engines"]] == [False, True]
 
 
-async def test_openmetrics_negotiation(fleet_factory: FleetFactory) -> None:
+async def test_openmetrics_negotiation(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1)
     accept = "application/openmetrics-text; version=1.0.0"
-    async with fleet.http.get(fleet.url + "/metrics", headers={"Accept": accept}) as resp:
+    async with fleet.session.get(fleet.url + "/metrics", headers={"Accept": accept}) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
         assert "version=1.0.0" in resp.headers["Content-Type"]
         text = await resp.text()
     assert text.rstrip("\n").endswith("# EOF")
     assert "vllm_dp_engine_up" in text
-    async with fleet.http.get(fleet.url + "/metrics") as resp:
+    async with fleet.session.get(fleet.url + "/metrics") as resp:
         assert resp.headers["Content-Type"].startswith("text/plain")
         assert "# EOF" not in await resp.text()
 
 
-async def test_gzip_on_request(fleet_factory: FleetFactory) -> None:
+async def test_gzip_on_request(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(1)
-    async with fleet.http.get(
+    async with fleet.session.get(
         fleet.url + "/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False
     ) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Encoding"] == "gzip"
         raw = await resp.read()
     assert b"vllm_dp_engine_up" in gzip.decompress(raw)
-    async with fleet.http.get(
+    async with fleet.session.get(
         fleet.url + "/metrics", headers={"Accept-Encoding": "identity"}, auto_decompress=False
     ) as resp:
         assert "Content-Encoding" not in resp.headers
         assert b"vllm_dp_engine_up" in await resp.read()
 
 
-async def test_html_page_lists_every_engine(fleet_factory: FleetFactory) -> None:
+async def test_html_page_lists_every_engine(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(3, model_name="llama<3>")
-    async with fleet.http.get(fleet.url + "/") as resp:
+    async with fleet.session.get(fleet.url + "/") as resp:
         assert resp.status == 200
         assert resp.content_type == "text/html"
         page = await resp.text()
@@ -242,7 +241,7 @@ async def test_html_page_lists_every_engine(fleet_factory: FleetFactory) -> None
     assert "connected 3/3" in page
 
 
-async def test_model_name_labels_every_series(fleet_factory: FleetFactory) -> None:
+async def test_model_name_labels_every_series(fleet_factory: ServiceFactory) -> None:
     fleet = await fleet_factory(2, model_name="qwen-72b")
     status, _, _ = await fleet.reset()
     assert status == 200

@@ -1,37 +1,21 @@
-"""Helpers shared by the test suites: bounded waiting and reading a scrape."""
+"""Reading a scrape with prometheus_client's parser."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-WAIT_S = 10.0
-
-
-async def eventually(
-    predicate: Callable[[], bool],
-    timeout_s: float = WAIT_S,
-    what: str = "condition",
-    step_s: float = 0.01,
-) -> None:
-    """Wait (bounded) until ``predicate()`` is true."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(step_s)
+Families = dict[str, Any]
 
 
-def parse_metrics(text: str) -> dict[str, Any]:
+def parse_metrics(text: str) -> Families:
     """Family name → family (prometheus_client's parser; counters lose their ``_total``)."""
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def samples(families: dict[str, Any], family: str, **labels: str) -> list[Any]:
+def samples(families: Families, family: str, **labels: str) -> list[Sample]:
     """The samples of one family whose labels include ``labels``."""
     if family.endswith("_total"):
         family = family[: -len("_total")]
@@ -45,7 +29,7 @@ def samples(families: dict[str, Any], family: str, **labels: str) -> list[Any]:
     ]
 
 
-def metric_value(families: dict[str, Any], family: str, **labels: str) -> float | None:
+def metric_value(families: Families, family: str, **labels: str) -> float | None:
     """The value of the one sample matching ``labels`` (None when absent)."""
     found = samples(families, family, **labels)
     assert len(found) <= 1, f"{family}{labels} matches {len(found)} samples"

@@ -9,6 +9,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from exporter.ports import free_listen_port
 from exporter.protocol import (
     decode_engine_outputs,
     decode_handshake_message,
@@ -16,7 +17,6 @@ from exporter.protocol import (
     encode_utility_request,
     engine_identity,
 )
-from tests.conftest import free_listen_port
 
 
 class StockClient:

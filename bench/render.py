@@ -1,0 +1,66 @@
+"""``python -m bench.render``: cost of one /metrics render, lean encoder vs prometheus_client.
+
+The exporter renders /metrics once per state change (the render cache) with
+``exporter.exposition.render_text``, kept byte-identical to ``generate_latest`` by a test. This
+prints both costs per render over a ``FakeFleet`` of 64, 256 and 1,024 engines after one poll,
+the measurement behind keeping the lean encoder (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+
+from prometheus_client.exposition import generate_latest
+
+from exporter.config import resolve_config
+from exporter.exposition import render_text
+from exporter.fake import FakeFleet
+from exporter.runtime import Exporter
+
+SIZES = (64, 256, 1024)
+ROUNDS = 20
+
+
+def per_call_ms(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        fn()
+    return (time.perf_counter() - started) / rounds * 1000
+
+
+async def measure(sizes: tuple[int, ...] = SIZES) -> list[tuple[int, float, float]]:
+    """(engines, render_text ms, generate_latest ms) per size."""
+    rows = []
+    for n in sizes:
+        fleet = FakeFleet(lambda engine, method, args: False, engines=[str(i) for i in range(n)])
+        config = resolve_config(
+            None,
+            environ={},
+            attach="owner",
+            engine_count=n,
+            handshake_address="tcp://127.0.0.1:1",
+            admin_listen="off",
+        )
+        exporter = Exporter(config, client=fleet)
+        await exporter.poller.poll_once()
+        lean = per_call_ms(lambda e=exporter: render_text(e.collector.families()))  # type: ignore[misc]
+        library = per_call_ms(lambda e=exporter: generate_latest(e.registry))  # type: ignore[misc]
+        rows.append((n, lean, library))
+    return rows
+
+
+def main() -> int:
+    sizes = tuple(int(a) for a in sys.argv[1:]) or SIZES
+    print("| engines | render_text ms | generate_latest ms | ratio |")
+    print("|---:|---:|---:|---:|")
+    for n, lean, library in asyncio.run(measure(sizes)):
+        print(f"| {n} | {lean:.2f} | {library:.2f} | {library / lean:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

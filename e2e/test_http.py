@@ -1,0 +1,174 @@
+"""HTTP attach mode against two real single-engine vLLM API servers (issue 14, scenario 5).
+
+``VLLM_SERVER_DEV_MODE=1`` gives each server its dev routes (``/is_sleeping``,
+``/reset_prefix_cache``) and the RL routes (``/pause``, ``/resume``), so each target's value can
+be made to differ for real: a paused scheduler answers ``is_sleeping: true``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from e2e import web
+from e2e.exporter_proc import ExporterProc, http_args, start_exporter
+from e2e.ports import free_port
+from e2e.procs import Managed, ProcessGroup
+from e2e.traffic import start_long_generations
+from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
+
+pytestmark = pytest.mark.timeout(900)
+
+TARGETS = ("0", "1")
+LONG_TOKENS = 2500
+
+
+@dataclass
+class HttpDeployment:
+    servers: dict[str, Managed]
+    urls: dict[str, str]
+    exporter: ExporterProc
+
+
+@pytest.fixture(scope="module")
+def deployment(runtime: VllmRuntime, procs: ProcessGroup) -> HttpDeployment:
+    urls = {name: f"http://127.0.0.1:{free_port()}" for name in TARGETS}
+    servers = {
+        name: procs.start(
+            f"vllm-api-{name}",
+            runtime.api_server(int(url.rsplit(":", 1)[1])),
+            runtime.env({"VLLM_SERVER_DEV_MODE": "1"}),
+        )
+        for name, url in urls.items()
+    }
+    for url in urls.values():
+        wait_api_ready(url, *servers.values())
+    exporter = start_exporter(procs, "exporter", http_args(urls))
+    exporter.wait_ready(READY_TIMEOUT_S, *servers.values())
+    return HttpDeployment(servers, urls, exporter)
+
+
+def with_info(scrape: web.Scrape, version: str) -> web.Scrape | None:
+    """The scrape once every target's ``vllm_dp_engine_info`` carries ``version``."""
+    ok = all(
+        scrape.value("vllm_dp_engine_info", engine=t, vllm_version=version) == 1 for t in TARGETS
+    )
+    return scrape if ok else None
+
+
+def reset_reasons(body: dict[str, Any]) -> list[tuple[str, bool, str | None]]:
+    return [(str(e["engine"]), e["ok"], e["reason"]) for e in body["engines"]]
+
+
+def test_scenario5_per_target_values_and_reset_through_the_dev_route(
+    deployment: HttpDeployment, runtime: VllmRuntime
+) -> None:
+    exporter = deployment.exporter
+    status = exporter.status()
+    assert status["attach"] == "http" and status["engines_connected"] == 2
+    assert status["aggregate"]["is_sleeping"]["value"] is False
+    # No verified dev route answers is_scheduler_paused: HTTP mode does not ask.
+    assert status["is_scheduler_paused"]["state"] == "unknown"
+    assert [(e["engine"], e["outcome"], e["value"]) for e in status["engines"]] == [
+        ("0", "ok", False),
+        ("1", "ok", False),
+    ]
+    # engine_info comes from one GET /version per target, sent off the poll path once the
+    # target first answered: it can land a moment after /readyz turned 200.
+    scrape = web.wait_for(
+        lambda: with_info(exporter.scrape(), runtime.version),
+        15,
+        "vllm_dp_engine_info with the real version for both targets",
+    )
+    for target in TARGETS:
+        assert scrape.value("vllm_dp_engine_up", engine=target) == 1
+        assert scrape.value("vllm_dp_engine_sleeping", engine=target) == 0
+        assert scrape.value("vllm_dp_engine_paused", engine=target) is None
+    assert scrape.value("vllm_dp_sleeping") == 0
+    assert scrape.value("vllm_dp_sleep_state_consistent") == 1
+
+    reply = exporter.reset()
+    assert reply.status == 200, reply.body
+    assert reset_reasons(reply.json()) == [("0", True, None), ("1", True, None)]
+    for server in deployment.servers.values():
+        assert "POST /reset_prefix_cache?reset_running_requests=false" in server.log_text()
+
+
+def test_scenario5_one_paused_target_makes_the_fleet_inconsistent(
+    deployment: HttpDeployment,
+) -> None:
+    exporter, url0 = deployment.exporter, deployment.urls["0"]
+    counted_before = exporter.scrape().total(
+        "vllm_dp_inconsistent_utility_results_total", method="is_sleeping"
+    )
+    paused = web.post(f"{url0}/pause?mode=keep")
+    assert paused.status == 200, paused.body
+    try:
+        status = web.wait_for(
+            lambda: (
+                (s := exporter.status())["aggregate"]["is_sleeping"]["state"] == "inconsistent"
+                and s
+            ),
+            15,
+            "the fleet to turn inconsistent",
+        )
+        assert [(e["engine"], e["value"]) for e in status["engines"]] == [
+            ("0", True),
+            ("1", False),
+        ]
+        scrape = exporter.scrape()
+        assert scrape.value("vllm_dp_engine_sleeping", engine="0") == 1
+        assert scrape.value("vllm_dp_engine_sleeping", engine="1") == 0
+        assert scrape.value("vllm_dp_sleep_state_consistent") == 0
+        assert scrape.value("vllm_dp_fleet_state", state="inconsistent") == 1
+        assert scrape.value("vllm_dp_sleeping") is None
+        assert (
+            scrape.total("vllm_dp_inconsistent_utility_results_total", method="is_sleeping")
+            > counted_before
+        )
+    finally:
+        resumed = web.post(f"{url0}/resume")
+    assert resumed.status == 200, resumed.body
+    web.wait_for(
+        lambda: (
+            exporter.status()["aggregate"]["is_sleeping"]
+            == {
+                "state": "consistent",
+                "value": False,
+                "consistent": True,
+                "error": None,
+                "values": None,
+                "missing": [],
+            }
+        ),
+        15,
+        "the fleet to be consistent again",
+    )
+
+
+def test_scenario5_a_target_with_running_requests_refuses_the_reset(
+    deployment: HttpDeployment,
+) -> None:
+    exporter = deployment.exporter
+    gens = start_long_generations(deployment.urls["0"], 2, LONG_TOKENS)
+    reply = exporter.reset()
+    assert not any(g.finished.is_set() for g in gens), "a generation ended before the reset"
+    body = reply.json()
+    assert reply.status == 502, body
+    assert body["outcome"] == "partial_failure"
+    assert reset_reasons(body) == [("0", False, "refused"), ("1", True, None)]
+    scrape = exporter.scrape()
+    assert (
+        scrape.value(
+            "vllm_dp_prefix_cache_reset_engine_failures_total", engine="0", reason="refused"
+        )
+        == 1
+    )
+    assert scrape.total("vllm_dp_prefix_cache_reset_engine_failures_total", engine="1") == 0
+    assert scrape.value("vllm_dp_prefix_cache_resets_total", outcome="partial_failure") == 1
+
+    assert [g.result(600) for g in gens] == [LONG_TOKENS] * 2
+    reply = exporter.reset()
+    assert reply.status == 200, reply.body

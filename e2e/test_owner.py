@@ -1,0 +1,190 @@
+"""Owner mode against one real headless vLLM launcher with 2 engines (issue 14, scenarios 1, 2
+and 6). The engines are started once for the module; the scenarios run in file order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from e2e import web
+from e2e.exporter_proc import ExporterProc, owner_args, start_exporter
+from e2e.ports import free_port, free_port_range
+from e2e.procs import Managed, ProcessGroup
+from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, engine_core_pids
+
+pytestmark = pytest.mark.timeout(900)
+
+ENGINES = ("0", "1")
+
+
+def start_engines(procs: ProcessGroup, runtime: VllmRuntime, handshake_port: int) -> Managed:
+    return procs.start("vllm-engines", runtime.headless_engines(handshake_port), runtime.env())
+
+
+@dataclass
+class OwnerFleet:
+    """The exporter owning the handshake of one launcher's 2 engines."""
+
+    runtime: VllmRuntime
+    procs: ProcessGroup
+    handshake_port: int
+    base_port: int
+    exporter: ExporterProc
+    engines: Managed
+
+    def restart_exporter(self) -> None:
+        """Stop the exporter and start it again on the same fixed and HTTP ports."""
+        old = self.exporter
+        assert old.proc.stop() is not None
+        self.exporter = start_exporter(
+            self.procs,
+            "exporter",
+            owner_args(self.handshake_port, self.base_port),
+            listen_port=old.listen_port,
+            admin_port=old.admin_port,
+        )
+
+    def restart_engines(self) -> None:
+        self.engines = start_engines(self.procs, self.runtime, self.handshake_port)
+
+
+@pytest.fixture(scope="module")
+def fleet(runtime: VllmRuntime, procs: ProcessGroup) -> OwnerFleet:
+    handshake_port, base_port = free_port(), free_port_range(3)
+    # The exporter first: engines wait for the handshake address (5 min), not the reverse.
+    exporter = start_exporter(procs, "exporter", owner_args(handshake_port, base_port))
+    engines = start_engines(procs, runtime, handshake_port)
+    exporter.wait_ready(READY_TIMEOUT_S, engines)
+    return OwnerFleet(runtime, procs, handshake_port, base_port, exporter, engines)
+
+
+def assert_fleet_healthy(scrape: web.Scrape) -> None:
+    """Both engines up and awake, the aggregate consistently 'not sleeping'."""
+    for engine in ENGINES:
+        assert scrape.value("vllm_dp_engine_up", engine=engine) == 1
+        assert scrape.value("vllm_dp_engine_sleeping", engine=engine) == 0
+        assert scrape.value("vllm_dp_engine_state", engine=engine, state="awake") == 1
+    assert scrape.value("vllm_dp_engines_expected") == 2
+    assert scrape.value("vllm_dp_engines_connected") == 2
+    assert scrape.value("vllm_dp_sleeping") == 0
+    assert scrape.value("vllm_dp_sleep_state_consistent") == 1
+    assert scrape.value("vllm_dp_fleet_state", state="consistent") == 1
+    assert scrape.total("vllm_dp_inconsistent_utility_results_total") == 0
+
+
+def assert_reset_confirmed_by_both(reply: web.Reply) -> None:
+    body = reply.json()
+    assert reply.status == 200, body
+    assert body["success"] is True and body["outcome"] == "success"
+    assert [(e["engine"], e["ok"], e["reason"]) for e in body["engines"]] == [
+        (0, True, None),
+        (1, True, None),
+    ]
+    assert body["failed_engines"] == []
+
+
+def test_scenario1_owner_mode_two_real_engines(fleet: OwnerFleet) -> None:
+    exporter = fleet.exporter
+    status = exporter.status()
+    assert status["ready"] is True
+    assert status["aggregate"]["is_sleeping"] == {
+        "state": "consistent",
+        "value": False,
+        "consistent": True,
+        "error": None,
+        "values": None,
+        "missing": [],
+    }
+    for engine in status["engines"]:
+        assert engine["outcome"] == "ok" and engine["connected"] is True
+        assert engine["vllm_version"] == fleet.runtime.version
+        assert engine["handshakes"] == 1
+    scrape = exporter.scrape()
+    assert_fleet_healthy(scrape)
+    for engine in ENGINES:
+        # Sleep mode is not supported by vLLM's CPU platform, so the engines register without it.
+        assert (
+            scrape.value(
+                "vllm_dp_engine_info",
+                engine=engine,
+                vllm_version=fleet.runtime.version,
+                enable_sleep_mode="false",
+            )
+            == 1
+        )
+        assert scrape.value("vllm_dp_engine_paused", engine=engine) == 0
+
+    assert_reset_confirmed_by_both(exporter.reset())
+    after = exporter.scrape()
+    assert after.value("vllm_dp_prefix_cache_resets_total", outcome="success") == 1
+    assert after.total("vllm_dp_prefix_cache_reset_engine_failures_total") == 0
+    assert (after.value("vllm_dp_prefix_cache_last_success_timestamp_seconds") or 0) > 0
+
+    ctl = exporter.ctl("status", "--url", exporter.url, "--json")
+    assert ctl.returncode == 0, ctl.stderr
+    assert json.loads(ctl.stdout)["engines_connected"] == 2
+    ctl = exporter.ctl("reset-prefix-cache", "--admin-url", exporter.admin_url, "--json")
+    assert ctl.returncode == 0, ctl.stderr
+    assert json.loads(ctl.stdout)["failed_engines"] == []
+
+
+def test_scenario2_exporter_restart_finds_running_engines(fleet: OwnerFleet) -> None:
+    engines_before = engine_core_pids(fleet.engines)
+    assert sorted(engines_before) == [0, 1], engines_before
+    fleet.restart_exporter()
+    # Engines never handshake twice: only the fixed ports let them be found again, fast.
+    status = fleet.exporter.wait_ready(30.0, fleet.engines)
+    assert engine_core_pids(fleet.engines) == engines_before, "the engines were restarted"
+    assert [e["handshakes"] for e in status["engines"]] == [0, 0]
+    assert all(e["outcome"] == "ok" for e in status["engines"])
+    assert_fleet_healthy(fleet.exporter.scrape())
+    assert_reset_confirmed_by_both(fleet.exporter.reset())
+
+
+def test_scenario6_engine_death_then_restart_without_exporter_restart(
+    fleet: OwnerFleet,
+) -> None:
+    exporter = fleet.exporter
+    exporter_pid = exporter.proc.pid
+    cores = engine_core_pids(fleet.engines)
+    assert sorted(cores) == [0, 1], cores
+    # SIGKILL one engine core (a child of our launcher): no ENGINE_CORE_DEAD is sent for it.
+    os.kill(cores[1], signal.SIGKILL)
+    # vLLM's headless manager stops its other engines and exits when one engine dies.
+    web.wait_for(lambda: not fleet.engines.alive(), 60, "the headless launcher to exit")
+
+    def all_disconnected() -> dict[str, Any] | None:
+        status = exporter.status()
+        engines = status["engines"]
+        if status["engines_connected"] == 0 and all(
+            e["outcome"] == "disconnected" and not e["connected"] for e in engines
+        ):
+            return status
+        return None
+
+    status = web.wait_for(all_disconnected, 30, "every engine reported disconnected")
+    assert status["aggregate"]["is_sleeping"]["state"] == "unknown"
+    assert exporter.readyz() == 503
+    scrape = exporter.scrape()
+    for engine in ENGINES:
+        assert scrape.value("vllm_dp_engine_up", engine=engine) == 0
+        assert scrape.value("vllm_dp_engine_state", engine=engine, state="unknown") == 1
+        assert scrape.value("vllm_dp_engine_sleeping", engine=engine) is None
+    assert scrape.value("vllm_dp_engines_connected") == 0
+    assert scrape.value("vllm_dp_fleet_state", state="unknown") == 1
+    assert scrape.value("vllm_dp_sleeping") is None
+    dead = exporter.reset()
+    assert dead.status == 503, dead.body
+
+    fleet.restart_engines()
+    status = exporter.wait_ready(READY_TIMEOUT_S, fleet.engines)
+    assert exporter.proc.pid == exporter_pid and exporter.proc.alive()
+    assert [e["handshakes"] for e in status["engines"]] == [1, 1]
+    assert all(e["vllm_version"] == fleet.runtime.version for e in status["engines"])
+    assert_fleet_healthy(exporter.scrape())
+    assert_reset_confirmed_by_both(exporter.reset())

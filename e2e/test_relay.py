@@ -1,0 +1,206 @@
+"""Relay mode beside a real stock vLLM front end (issue 14, scenarios 3 and 4).
+
+The front end serves completions from 2 headless engines that dialled the exporter's relay
+port; the exporter has its own client slot on both engines. Started once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import web
+from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
+from e2e.ports import free_port, free_port_range
+from e2e.procs import Managed, ProcessGroup
+from e2e.traffic import complete, running_per_engine, start_long_generations
+from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
+
+pytestmark = pytest.mark.timeout(900)
+
+PROMPT = "w1 w2 w3 w4"
+# Long enough that 2 requests per engine run for half a minute on 2 cores (about 50-60 tokens
+# per second each), so they hold KV blocks while the refused resets are sent.
+LONG_TOKENS = 2500
+
+
+@dataclass
+class RelayDeployment:
+    front_end: Managed
+    engines: Managed
+    exporter: ExporterProc
+    api_url: str
+
+
+@pytest.fixture(scope="module")
+def relay(
+    runtime: VllmRuntime, procs: ProcessGroup, tmp_path_factory: pytest.TempPathFactory
+) -> RelayDeployment:
+    front_handshake, relay_port, api_port = free_port(), free_port(), free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    state_file: Path = tmp_path_factory.mktemp("relay") / "relay-state.json"
+    # Dev mode only adds the front end's RL routes (/pause, /resume) used by one test.
+    front_end = procs.start(
+        "vllm-front-end",
+        runtime.front_end(front_handshake, api_port),
+        runtime.env({"VLLM_SERVER_DEV_MODE": "1"}),
+    )
+    exporter = start_exporter(
+        procs,
+        "exporter",
+        relay_args(relay_port, front_handshake, free_port_range(3), state_file),
+    )
+    engines = procs.start("vllm-engines", runtime.headless_engines(relay_port), runtime.env())
+    exporter.wait_ready(READY_TIMEOUT_S, engines, front_end)
+    wait_api_ready(api_url, front_end, engines)
+    return RelayDeployment(front_end, engines, exporter, api_url)
+
+
+def assert_confirmed_by_both(reply: web.Reply) -> None:
+    body = reply.json()
+    assert reply.status == 200, body
+    assert body["outcome"] == "success"
+    assert [(e["engine"], e["ok"]) for e in body["engines"]] == [(0, True), (1, True)]
+
+
+def not_ok_calls(scrape: web.Scrape, engine: str) -> float:
+    return scrape.total("vllm_dp_utility_calls_total", engine=engine) - scrape.total(
+        "vllm_dp_utility_calls_total", engine=engine, outcome="ok"
+    )
+
+
+def text_of(completion: dict[str, Any]) -> str:
+    return str(completion["choices"][0]["text"])
+
+
+def test_scenario3_completions_flow_while_the_exporter_polls_and_resets(
+    relay: RelayDeployment,
+) -> None:
+    exporter, api = relay.exporter, relay.api_url
+    scrape = exporter.scrape()
+    assert scrape.value("vllm_dp_relay_handshakes_total", result="completed") == 2
+    assert scrape.value("vllm_dp_engines_connected") == 2
+    assert exporter.status()["aggregate"]["is_sleeping"]["value"] is False
+
+    before = complete(api, PROMPT, 16)
+    assert before["usage"]["completion_tokens"] == 16
+    start = exporter.scrape()
+
+    # During: 8 completions on 2 client threads while the exporter polls every second and
+    # resets (preempting running requests, so every reset is confirmed) as fast as it can.
+    resets: list[web.Reply] = []
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(complete, api, f"{PROMPT} w{i}", 128) for i in range(8)]
+        while not all(f.done() for f in futures):
+            resets.append(exporter.reset(reset_running_requests=True))
+            time.sleep(0.2)
+        during = [f.result(timeout=60) for f in futures]
+    assert all(c["usage"]["completion_tokens"] == 128 for c in during)
+    assert all(c["choices"][0]["finish_reason"] == "length" for c in during)
+    assert len(resets) >= 3
+    for reply in resets:
+        assert_confirmed_by_both(reply)
+
+    # After: the same greedy answer as before, and a plain reset is confirmed by both engines.
+    after = complete(api, PROMPT, 16)
+    assert text_of(after) == text_of(before)
+    assert_confirmed_by_both(exporter.reset())
+
+    end = exporter.scrape()
+    assert end.total("vllm_dp_polls_total") >= start.total("vllm_dp_polls_total") + 2
+    assert end.value("vllm_dp_prefix_cache_resets_total", outcome="success") == len(resets) + 1
+    for engine in ("0", "1"):
+        assert end.value("vllm_dp_engine_up", engine=engine) == 1
+        # Every call since the engines were ready was answered (before the engines dialled
+        # in, the polls counted them disconnected).
+        assert not_ok_calls(end, engine) == not_ok_calls(start, engine)
+        assert end.total("vllm_dp_utility_calls_total", engine=engine, outcome="ok") > (
+            start.total("vllm_dp_utility_calls_total", engine=engine, outcome="ok")
+        )
+    assert end.total("vllm_dp_protocol_errors_total") == 0
+
+
+def test_scenario3_a_paused_front_end_shows_as_paused_engines_not_asleep(
+    relay: RelayDeployment,
+) -> None:
+    """The front end's /pause reaches every engine; the exporter's own slot sees each engine's
+    scheduler paused (``is_sleeping`` is true while paused, ``is_scheduler_paused`` tells)."""
+    exporter, api = relay.exporter, relay.api_url
+    paused = web.post(f"{api}/pause?mode=keep")
+    assert paused.status == 200, paused.body
+    try:
+        web.wait_for(
+            lambda: exporter.status()["is_scheduler_paused"]["value"] is True,
+            15,
+            "the exporter to see both engines paused",
+        )
+        scrape = exporter.scrape()
+        for engine in ("0", "1"):
+            assert scrape.value("vllm_dp_engine_paused", engine=engine) == 1
+            assert scrape.value("vllm_dp_engine_sleeping", engine=engine) == 1
+            assert scrape.value("vllm_dp_engine_state", engine=engine, state="paused") == 1
+            assert scrape.value("vllm_dp_engine_state", engine=engine, state="asleep") == 0
+        assert scrape.value("vllm_dp_sleep_state_consistent") == 1
+    finally:
+        resumed = web.post(f"{api}/resume")
+    assert resumed.status == 200, resumed.body
+    web.wait_for(
+        lambda: exporter.status()["aggregate"]["is_sleeping"]["value"] is False,
+        15,
+        "the exporter to see both engines awake again",
+    )
+    assert complete(api, PROMPT, 8)["usage"]["completion_tokens"] == 8
+
+
+def test_scenario4_reset_refused_by_engines_with_running_requests(
+    relay: RelayDeployment,
+) -> None:
+    exporter, api = relay.exporter, relay.api_url
+    failures_before = exporter.scrape().total(
+        "vllm_dp_prefix_cache_resets_total", outcome="failure"
+    )
+    gens = start_long_generations(api, 4, LONG_TOKENS)
+    # The front end's load balancer spreads 4 requests over both engines.
+    assert all(running_per_engine(api).get(e, 0) >= 1 for e in ("0", "1"))
+
+    # vLLM refuses a prefix-cache reset while running requests hold KV blocks.
+    refused = exporter.reset(reset_running_requests=False)
+    body = refused.json()
+    assert refused.status == 502, body
+    assert body["outcome"] == "failure" and body["failed_engines"] == [0, 1]
+    assert [(e["engine"], e["ok"], e["reason"]) for e in body["engines"]] == [
+        (0, False, "refused"),
+        (1, False, "refused"),
+    ]
+    ctl = exporter.ctl("reset-prefix-cache", "--admin-url", exporter.admin_url, "--json")
+    assert ctl.returncode == 2, (ctl.stdout, ctl.stderr)
+    assert {e["reason"] for e in json.loads(ctl.stdout)["engines"]} == {"refused"}
+    assert not any(g.finished.is_set() for g in gens), "a generation ended during the refusals"
+
+    scrape = exporter.scrape()
+    assert scrape.total("vllm_dp_prefix_cache_resets_total", outcome="failure") == (
+        failures_before + 2
+    )
+    for engine in ("0", "1"):
+        assert (
+            scrape.value(
+                "vllm_dp_prefix_cache_reset_engine_failures_total", engine=engine, reason="refused"
+            )
+            == 2
+        )
+        assert scrape.value("vllm_dp_engine_up", engine=engine) == 1
+
+    # The same reset preempting the running requests is confirmed by both engines, and the
+    # preempted requests still finish (recomputed) with every token.
+    assert_confirmed_by_both(exporter.reset(reset_running_requests=True))
+    assert [g.result(600) for g in gens] == [LONG_TOKENS] * 4
+    assert {g.finish_reason for g in gens} == {"length"}
+
+    # Nothing runs any more: a plain reset is confirmed again.
+    assert_confirmed_by_both(exporter.reset())

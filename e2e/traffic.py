@@ -1,0 +1,113 @@
+"""Inference traffic through vLLM's OpenAI front end: what a real user of the deployment does
+while the exporter polls and resets."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from typing import Any
+
+from e2e import web
+from e2e.vllm_runtime import SERVED_NAME
+
+
+def _body(prompt: str, max_tokens: int, ignore_eos: bool, stream: bool) -> dict[str, Any]:
+    """A greedy completion request for the tiny model."""
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+    }
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    return body
+
+
+def complete(
+    api_url: str, prompt: str, max_tokens: int, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """One greedy completion (stops at EOS or ``max_tokens``); raises on anything but 200."""
+    reply = web.post(
+        f"{api_url}/v1/completions", _body(prompt, max_tokens, False, False), timeout_s
+    )
+    assert reply.status == 200, f"completion answered {reply.status}: {reply.body[:300]!r}"
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+class LongGeneration:
+    """A streamed completion of exactly ``max_tokens`` tokens (``ignore_eos``) on a thread.
+
+    ``started`` is set when the first token arrives: from then on, until ``finished``, the
+    request is running on its engine and holds KV-cache blocks there. Polling vLLM's
+    ``num_requests_running`` gauge instead is not exact (it is refreshed only while the engine
+    steps, so it can stay stale after the requests ended).
+    """
+
+    def __init__(
+        self, api_url: str, prompt: str, max_tokens: int, timeout_s: float = 600.0
+    ) -> None:
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.chunks = 0
+        self.completion_tokens: int | None = None  # from the final usage chunk
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        request = urllib.request.Request(
+            f"{api_url}/v1/completions",
+            data=json.dumps(_body(prompt, max_tokens, True, True)).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        self._thread = threading.Thread(target=self._run, args=(request, timeout_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, request: urllib.request.Request, timeout_s: float) -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if chunk.get("usage"):
+                        self.completion_tokens = chunk["usage"]["completion_tokens"]
+                    for choice in chunk.get("choices") or ():
+                        self.chunks += 1
+                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                        self.started.set()
+        except BaseException as exc:  # reported by result(), never lost in the thread
+            self.error = exc
+        finally:
+            self.started.set()
+            self.finished.set()
+
+    def result(self, timeout_s: float) -> int | None:
+        """Wait (bounded) for the end; returns the completion's token count (vLLM's usage)."""
+        if not self.finished.wait(timeout_s):
+            raise AssertionError(f"generation still running after {timeout_s:.0f} s")
+        if self.error is not None:
+            raise AssertionError(f"generation failed: {self.error!r}") from self.error
+        return self.completion_tokens
+
+
+def start_long_generations(
+    api_url: str, count: int, max_tokens: int, start_timeout_s: float = 120.0
+) -> list[LongGeneration]:
+    """Start ``count`` long generations and wait until each one streamed its first token."""
+    gens = [LongGeneration(api_url, f"w{i} w{i + 1} w{i + 2}", max_tokens) for i in range(count)]
+    for gen in gens:
+        if not gen.started.wait(start_timeout_s):
+            raise AssertionError(f"no first token within {start_timeout_s:.0f} s")
+        if gen.error is not None or gen.finished.is_set():
+            raise AssertionError(f"generation ended before the test could use it: {gen.error!r}")
+    return gens
+
+
+def running_per_engine(api_url: str) -> dict[str, float]:
+    """``vllm:num_requests_running`` per engine (DP rank) from a front end's own /metrics."""
+    scrape = web.Scrape(web.get(f"{api_url}/metrics").body.decode())
+    return {s.labels["engine"]: s.value for s in scrape.find("vllm:num_requests_running")}

