@@ -66,7 +66,6 @@ def relay_config(config: ServeConfig) -> RelayConfig:
     return RelayConfig(
         handshake_address=config.handshake_address,
         upstream_handshake_address=config.upstream_handshake_address,
-        state_file=config.state_file,
         upstream_timeout_s=config.relay_upstream_timeout,
         **config.fleet_shape(),
     )

@@ -91,6 +91,7 @@ class ServeConfig:
             "advertise_host": self.advertise_host,
             "bind_host": self.bind_host,
             "fixed_base_port": self.fixed_base_port,
+            "state_file": self.state_file,
         }
 
     @property
@@ -118,7 +119,11 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("bind_host", str, "host to bind the input/output sockets on (default: advertise host)"),
     ("fixed_base_port", int, "bind input at PORT and engine i's output at PORT+1+i (reattach)"),
     ("upstream_handshake_address", str, "relay mode: the vLLM front end's handshake address"),
-    ("state_file", str, "relay mode: where to remember engines across exporter restarts"),
+    (
+        "state_file",
+        str,
+        "where to remember engines (slots, vLLM versions) across exporter restarts",
+    ),
     (
         "relay_upstream_timeout",
         float,

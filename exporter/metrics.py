@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Histogram
+from prometheus_client import GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -220,8 +220,20 @@ def _to_metric(fam: Family) -> Metric:
     return metric
 
 
-def build_registry(collector: ExporterCollector) -> CollectorRegistry:
-    """A fresh registry holding only this exporter's collector."""
+def build_registry(*collectors: Collector) -> CollectorRegistry:
+    """A fresh registry holding only ``collectors`` (never the global default registry)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     return registry
+
+
+def self_collectors() -> list[Collector]:
+    """The exporter's own ``process_*`` and ``python_*`` series (memory, CPU, file
+    descriptors, garbage collection), created unregistered for this exporter's registries."""
+    return [
+        ProcessCollector(registry=None),
+        PlatformCollector(registry=None),
+        # GCCollector always registers itself somewhere: a scratch registry, dropped here.
+        GCCollector(registry=CollectorRegistry(auto_describe=False)),
+    ]

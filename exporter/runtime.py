@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import logging
 
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.attach import build_fleet
@@ -18,7 +19,7 @@ from exporter.exposition import render_text
 from exporter.faults import ProtocolErrorTally
 from exporter.fleet import FleetClient
 from exporter.gate import Gate
-from exporter.metrics import ExporterCollector, build_registry
+from exporter.metrics import ExporterCollector, build_registry, self_collectors
 from exporter.negotiation import CONTENT_TYPES, TEXT, generate_openmetrics, metrics_format
 from exporter.poller import Poller
 from exporter.stats import Stats
@@ -58,7 +59,12 @@ class Exporter:
             model_name=config.model_name,
             include_relay=config.attach == "relay",
         )
+        #: This exporter's series only (what the lean text encoder renders too).
         self.registry: CollectorRegistry = build_registry(self.collector)
+        own = self_collectors()
+        #: The process's own process_* / python_* series, appended to every text body.
+        self.self_registry = build_registry(*own)
+        self.openmetrics_registry = build_registry(self.collector, *own)
         self.gate = Gate(
             self.client,
             timeout_s=config.call_timeout,
@@ -96,9 +102,11 @@ class Exporter:
         if cached is not None and cached[0] == version:
             return cached[1], cached[2]
         if fmt == TEXT:
-            body = render_text(self.collector.families())
+            # process_* change by themselves: rendered with each new body, so they are as
+            # fresh as the exporter's own state (at most one poll old).
+            body = render_text(self.collector.families()) + generate_latest(self.self_registry)
         else:
-            body = generate_openmetrics(self.registry)
+            body = generate_openmetrics(self.openmetrics_registry)
         if use_gzip:
             body = gzip.compress(body, compresslevel=5)
         self._render_cache[key] = (version, body, content_type)

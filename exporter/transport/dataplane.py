@@ -51,6 +51,7 @@ from exporter.transport.links import (
     recv_message_fd,
     send_frame,
 )
+from exporter.transport.state_file import read_state, records_of, restore_links, write_state
 
 log = logging.getLogger("exporter.transport")
 
@@ -65,6 +66,11 @@ class EngineDataPlane:
     through ``Phase``; this class routes utility frames and reports outputs, deaths and
     (re)connections to the listener.
     """
+
+    #: ZMQ sockets and file descriptors per engine at their peak (every engine handshaking at
+    #: once); a mode with more per-engine sockets (the relay's upstream) raises them.
+    SOCKETS_PER_ENGINE = sockets.SOCKETS_PER_ENGINE
+    FDS_PER_ENGINE = sockets.FDS_PER_ENGINE
 
     def __init__(
         self,
@@ -96,8 +102,20 @@ class EngineDataPlane:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def check_resources(self) -> None:
+        """Raise the context's socket limit and the process's open-file limit to what this
+        many engines need; ConfigError (one line) when the machine's limits are too low.
+        libzmq reads the socket limit when a context opens its first socket: a context passed
+        in must be sized by its owner (``sockets.raise_max_sockets``)."""
+        count = self.shape.engine_count
+        sockets.raise_max_sockets(
+            self._ctx, sockets.sockets_needed(count, per_engine=self.SOCKETS_PER_ENGINE)
+        )
+        sockets.ensure_open_files(sockets.descriptors_needed(count, per_engine=self.FDS_PER_ENGINE))
+
     async def start(self) -> None:
         """Bind every socket and start receiving; engines may connect from now on."""
+        self.check_resources()
         self._loop = asyncio.get_running_loop()
         shape = self.shape
         base = shape.fixed_base_port
@@ -287,10 +305,31 @@ class EngineDataPlane:
         link.refused = None
         self._set_phase(link, Phase.UP)
         log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
+        self._write_state()
         self._listener.on_engine_up(link.engine_index)
 
-    def _on_dead(self, link: EngineLink) -> None:
-        """Hook: an engine's death was confirmed (the relay persists its state)."""
+    # -- the state file ----------------------------------------------------------------------
+
+    def _state_extra(self) -> dict[str, str]:
+        """Hook: addresses the state file records beside the engines (for the operator)."""
+        return {}
+
+    def _write_state(self) -> None:
+        """Remember every engine with a slot: a restarted exporter on the same fixed addresses
+        finds them (and what they registered) again, since they never handshake twice."""
+        if self.shape.state_file:
+            records = records_of(self._links.values())
+            write_state(self.shape.state_file, self.input_address, self._state_extra(), records)
+
+    def _restore_state(self) -> None:
+        """Engines a previous exporter process on these addresses had: callable until proven
+        otherwise, with their registration details (no handshake will repeat them)."""
+        path = self.shape.state_file
+        if path:
+            restored = restore_links(read_state(path, self.input_address), self._links)
+            if restored:
+                log.info("restored engines %s from %s without a handshake", restored, path)
+                self._changed.set()
 
     def confirm_dead(self, engine_index: int) -> None:
         """The engine is dead (its ENGINE_CORE_DEAD was confirmed): stop calling it."""
@@ -299,7 +338,7 @@ class EngineDataPlane:
             return
         log.warning("engine %d is dead (ENGINE_CORE_DEAD)", engine_index)
         self._set_phase(link, Phase.DEAD)
-        self._on_dead(link)
+        self._write_state()
         self._listener.on_engine_down(engine_index, "dead")
 
     # -- sending ---------------------------------------------------------------------------

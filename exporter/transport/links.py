@@ -94,6 +94,8 @@ class FleetShape:
     #: Fixed ports: input ROUTER at ``fixed_base_port``, engine offset i's PULL at base+1+i.
     #: With fixed ports a restarted exporter reattaches to engines that reconnect on their own.
     fixed_base_port: int | None = None
+    #: Where to remember engines (slots, registrations) across exporter restarts.
+    state_file: str | None = None
 
     def __post_init__(self) -> None:
         self.advertise_host = self.advertise_host.strip("[]")

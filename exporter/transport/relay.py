@@ -58,7 +58,6 @@ from exporter.transport import sockets
 from exporter.transport.dataplane import EngineDataPlane
 from exporter.transport.events import TransportListener
 from exporter.transport.links import EngineLink, FleetShape, Phase
-from exporter.transport.relay_state import SlotRecord, read_state, write_state
 
 log = logging.getLogger("exporter.transport.relay")
 
@@ -72,7 +71,6 @@ class RelayConfig(FleetShape):
 
     handshake_address: str
     upstream_handshake_address: str
-    state_file: str | None = None
     upstream_timeout_s: float = RELAY_UPSTREAM_TIMEOUT_S
     upstream_linger_ms: int = UPSTREAM_LINGER_MS
 
@@ -96,6 +94,11 @@ class RelayLink(EngineLink):
 
 class RelayTransport(EngineDataPlane):
     """Relays every expected engine's handshake, then routes the exporter's own frames."""
+
+    #: Plus one upstream DEALER per engine while its handshake is relayed (its socket, its
+    #: eventfd and its connection to the front end).
+    SOCKETS_PER_ENGINE = EngineDataPlane.SOCKETS_PER_ENGINE + 1
+    FDS_PER_ENGINE = EngineDataPlane.FDS_PER_ENGINE + 2
 
     def __init__(
         self,
@@ -163,44 +166,11 @@ class RelayTransport(EngineDataPlane):
 
     # -- state file ------------------------------------------------------------------------
 
-    def _write_state(self) -> None:
-        if not self.config.state_file:
-            return
-        slots = [
-            SlotRecord(link.engine_index, link.identity.hex(), link.slot, link.output_address)
-            for link in self._links.values()
-            if link.slot is not None
-            and link.phase in (Phase.UP, Phase.RESTORED, Phase.LOST, Phase.INIT_SENT)
-            and (link.ready or link.phase is Phase.RESTORED)
-        ]
-        extra = {
+    def _state_extra(self) -> dict[str, str]:
+        return {
             "handshake_address": self.config.handshake_address,
             "upstream_handshake_address": self.config.upstream_handshake_address,
         }
-        write_state(self.config.state_file, self.input_address, extra, slots)
-
-    def _restore_state(self) -> None:
-        if not self.config.state_file:
-            return
-        restored = []
-        for record in read_state(self.config.state_file, self.input_address):
-            link = self._links.get(record.engine_index)
-            if (
-                link is None
-                or record.identity_hex != link.identity.hex()
-                or record.output_address != link.output_address
-            ):
-                log.warning("relay: state file entry %r does not match this exporter", record)
-                continue
-            link.slot = record.client_index
-            link.phase = Phase.RESTORED
-            restored.append(link.engine_index)
-        if restored:
-            log.info("relay: restored engines %s without a handshake", restored)
-            self._changed.set()
-
-    def _on_dead(self, link: EngineLink) -> None:
-        self._write_state()
 
     # -- handshake relay -------------------------------------------------------------------
 

@@ -7,12 +7,75 @@ flooding peer needs special handling anywhere else.
 
 from __future__ import annotations
 
+import resource
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from exporter.error import ConfigError
 from exporter.transport.links import MONITOR_EVENTS, RECV_HWM, ZMQ_MAX_MSG_BYTES, tcp_host
+
+#: ZMQ sockets per engine: its output PULL, the PAIR receiving that PULL's monitor events, and
+#: the monitor's own end inside libzmq (``zmq_socket_monitor``). One monitor for every engine
+#: (``ZMQ_ROUTER_NOTIFY`` on a ROUTER) is a draft API that the released pyzmq/libzmq builds do
+#: not enable (``setsockopt`` raises EINVAL), so the per-engine monitor stays; docs/scale.md.
+SOCKETS_PER_ENGINE = 3
+#: Sockets that do not depend on the engine count (input ROUTER, handshake ROUTER, a relay's
+#: state, slack for sockets a test or the relay's upstream handshake opens on the same context).
+SOCKETS_BASE = 16
+#: File descriptors per engine, measured (docs/scale.md, ``python -m bench.scale``): the
+#: PULL's listening socket, its engine's connection, the engine's connection to the input
+#: ROUTER, and the signalling eventfd of each of the three ZMQ sockets.
+FDS_PER_ENGINE = 6
+#: Descriptors that do not depend on the engine count: the interpreter, libzmq's threads and
+#: epoll, asyncio, the HTTP listeners and their clients (scrapes, admin), and slack.
+FDS_BASE = 256
+
+
+def sockets_needed(engine_count: int, *, per_engine: int = SOCKETS_PER_ENGINE) -> int:
+    """ZMQ sockets a data plane over ``engine_count`` engines opens on its context."""
+    return per_engine * engine_count + SOCKETS_BASE
+
+
+def descriptors_needed(engine_count: int, *, per_engine: int = FDS_PER_ENGINE) -> int:
+    """Open files the exporter process needs with every engine connected."""
+    return per_engine * engine_count + FDS_BASE
+
+
+def raise_max_sockets(ctx: zmq.Context[Any], needed: int) -> None:
+    """Raise the context's socket limit (libzmq's default is 1,023) to ``needed``.
+
+    libzmq reads ``ZMQ_MAX_SOCKETS`` when the context creates its first socket: call this on a
+    fresh context. A value above ``ZMQ_SOCKET_LIMIT`` is a configuration that cannot work."""
+    if ctx.get(zmq.MAX_SOCKETS) >= needed:
+        return
+    limit = int(ctx.get(zmq.SOCKET_LIMIT))
+    if needed > limit:
+        raise ConfigError(
+            f"the engine count needs {needed} ZMQ sockets, above libzmq's limit of {limit} "
+            "per context: run one exporter per smaller group of engines"
+        )
+    ctx.set(zmq.MAX_SOCKETS, needed)
+
+
+def ensure_open_files(needed: int) -> None:
+    """Make sure the process may open ``needed`` files: raise the soft RLIMIT_NOFILE up to the
+    hard limit when it is lower; ConfigError (one line: how many, how to raise them) when even
+    the hard limit is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ConfigError(
+            f"the configured engine count needs about {needed} open files but the limit is "
+            f"{soft} (hard {hard}): raise the hard limit to at least {needed} (ulimit -n; systemd "
+            "LimitNOFILE=; Kubernetes: the container runtime's nofile limit, which no "
+            "securityContext field sets) or run fewer engines per exporter"
+        )
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else needed, hard)
+    )
 
 
 def configure(sock: zmq.Socket[Any], *, linger_ms: int = 0) -> None:

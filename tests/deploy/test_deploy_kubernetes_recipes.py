@@ -9,6 +9,7 @@ import copy
 import functools
 import shlex
 import subprocess
+from typing import Any
 
 import pytest
 import yaml
@@ -26,18 +27,18 @@ KUBERNETES_VERSIONS = ("1.29.0", "latest")
 
 
 @functools.cache
-def _build(path: str) -> tuple:
+def _build(path: str) -> tuple[dict[str, Any], ...]:
     kubectl = artefacts.tool("kubectl")
     proc = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
 
 
-def _resources(name: str) -> list[dict]:
+def _resources(name: str) -> list[dict[str, Any]]:
     return copy.deepcopy(list(_build(str(RECIPES[name]))))
 
 
-def _pod_templates(resources: list[dict]) -> list[dict]:
+def _pod_templates(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in resources:
         if r["kind"] == "Deployment":
@@ -48,7 +49,7 @@ def _pod_templates(resources: list[dict]) -> list[dict]:
     return out
 
 
-def _exporter_argv(container: dict) -> list[str]:
+def _exporter_argv(container: dict[str, Any]) -> list[str]:
     """The exporter's argv with $(VAR) / $VAR / $((...)) replaced by plausible values."""
     env = {e["name"]: e.get("value", "1") for e in container.get("env", [])}
     env.update({"WORKER_INDEX": "1", "GROUP_INDEX": "0"})

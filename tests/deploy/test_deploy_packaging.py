@@ -6,13 +6,14 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import http.server
-import importlib.util
 import json
 import re
 import shlex
 import sys
 import threading
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -35,8 +36,9 @@ OCI_LABELS = {
 }
 
 
-def _pyproject() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+def _pyproject() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return data
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -186,11 +188,8 @@ def test_root_dockerignore_sends_only_what_the_build_needs():
                 assert (ROOT / source).exists() and not _ignored(source.rstrip("/"), patterns)
 
 
-def _healthcheck_module():
-    spec = importlib.util.spec_from_file_location("vllm_dp_healthcheck", HEALTHCHECK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _healthcheck_module() -> ModuleType:
+    return artefacts.load_script(HEALTHCHECK, "vllm_dp_healthcheck")
 
 
 def test_healthcheck_follows_the_configured_port():

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
+from typing import Any
 
 import yaml
 
@@ -19,14 +19,6 @@ REQUIRED_ALERTS = {
     "VllmDpExporterPollsStale",
 }
 SEVERITIES = {"critical", "warning", "info"}
-
-
-def _render_rules_module():
-    path = artefacts.ROOT / "deploy" / "prometheus" / "render_rules.py"
-    spec = importlib.util.spec_from_file_location("vllm_dp_render_rules", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_promtool_check_rules():
@@ -123,7 +115,7 @@ def test_prometheusrule_is_generated_from_rules_file():
 
 
 def test_for_durations_can_be_shortened_in_one_place(tmp_path):
-    module = _render_rules_module()
+    module = artefacts.render_rules()
     text = artefacts.RULES_FILE.read_text(encoding="utf-8")
     n_rules = len(artefacts.alerting_rules())
     assert len(module.for_durations(text)) == n_rules, "a for: is not on its own `for:` line"
@@ -146,7 +138,7 @@ def test_for_durations_can_be_shortened_in_one_place(tmp_path):
 
 
 def test_runbook_base_is_configurable(tmp_path):
-    module = _render_rules_module()
+    module = artefacts.render_rules()
     text = artefacts.RULES_FILE.read_text(encoding="utf-8")
     # the committed rules link to the runbooks in this repository, never to a placeholder host
     urls = module.runbook_urls(text)
@@ -208,7 +200,7 @@ def test_summaries_name_namespace_and_pod():
             assert f"with $labels.{label}" in summary, f"{rule['alert']}: summary lacks {label}"
 
 
-def _unit_test_cases() -> list[dict]:
+def _unit_test_cases() -> list[dict[str, Any]]:
     cases = []
     for path in artefacts.RULE_TESTS_DIR.glob("*.yml"):
         cases += yaml.safe_load(path.read_text(encoding="utf-8")).get("tests", [])

@@ -21,10 +21,13 @@ from typing import Any
 import pytest
 
 from exporter.ports import free_listen_port
-from tests.harness.artefacts import DASHBOARD_FILE, ROOT, alerting_rules, load_rules, tool
-
-sys.path.insert(0, str(ROOT / "deploy" / "prometheus"))
-from render_rules import read_rules, rules_with_for
+from tests.harness.artefacts import (
+    DASHBOARD_FILE,
+    alerting_rules,
+    load_rules,
+    render_rules,
+    tool,
+)
 
 #: Template variables replaced the way Grafana would for "All" over a short range.
 GRAFANA_VARS = {
@@ -71,6 +74,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     prometheus = tool("prometheus")
     tmp = tmp_path_factory.mktemp("prom")
     port, admin, prom_port = free_listen_port(), free_listen_port(), free_listen_port()
+    rules_module = render_rules()
+    short_rules: str = rules_module.rules_with_for(rules_module.read_rules(), "0s")
     demo = subprocess.Popen(
         [
             sys.executable,
@@ -98,7 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    (tmp / "rules.yml").write_text(rules_with_for(read_rules(), "0s"))
+    (tmp / "rules.yml").write_text(short_rules)
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\n"
         "rule_files: [rules.yml]\n"

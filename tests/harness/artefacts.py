@@ -6,10 +6,12 @@ A test that needs one skips, naming the missing binary, only when it is not inst
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ DASHBOARD_FILE = ROOT / "grafana" / "dashboards" / "vllm-dp-exporter.json"
 KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes" / "base"
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "compose.yaml"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
+RENDER_RULES_SCRIPT = ROOT / "deploy" / "prometheus" / "render_rules.py"
 RUNBOOK_URL_PREFIX = "docs/runbooks.md#"
 
 _METRIC_NAME = re.compile(r"\bvllm_dp_[A-Za-z0-9_]+")
@@ -46,6 +49,24 @@ def run(
             f"stderr:\n{proc.stderr}"
         )
     return proc
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import a standalone script (not on sys.path) as module `name`, freshly on every call.
+
+    The module is not registered in sys.modules; its attributes are typed Any (ModuleType).
+    """
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_rules() -> ModuleType:
+    """deploy/prometheus/render_rules.py, the generator of the rule files."""
+    return load_script(RENDER_RULES_SCRIPT, "vllm_dp_render_rules")
 
 
 def metric_names(expr: str) -> set[str]:

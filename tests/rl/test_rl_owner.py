@@ -12,9 +12,8 @@ from typing import Any
 
 from exporter.sim.engine import SimOptions
 from tests.harness.scrape import metric_value
-from tests.harness.service import Service
+from tests.harness.service import Service, ServiceFactory
 from tests.harness.waiting import eventually
-from tests.harness.service import ServiceFactory
 
 
 async def post(svc: Service, action: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:

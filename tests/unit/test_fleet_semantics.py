@@ -164,3 +164,20 @@ async def test_supervised_loop_is_restarted_and_counted() -> None:
     await task
     assert faults.task_failures == {"flaky": 2}
     assert len(runs) == 3
+
+
+async def test_metrics_carry_the_exporters_own_process_and_python_series() -> None:
+    exporter = make_exporter(sleeping({"0": False}))
+    await exporter.poller.poll_once()
+    m = scrape(exporter)
+    assert (metric_value(m, "process_resident_memory_bytes") or 0) > 0
+    assert metric_value(m, "process_open_fds") is not None
+    assert m["python_info"].samples, "python_info is exported"
+    assert "python_gc_objects_collected" in m
+    body, content_type = exporter.render_metrics(
+        "application/openmetrics-text; version=1.0.0", use_gzip=False
+    )
+    assert content_type.startswith("application/openmetrics-text")
+    text = body.decode()
+    assert "process_resident_memory_bytes" in text and "vllm_dp_engine_up" in text
+    assert text.endswith("# EOF\n") and text.count("# EOF") == 1

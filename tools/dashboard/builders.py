@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 UID = "vllm-dp-exporter"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -31,7 +32,7 @@ def one_hot_code(metric: str, states: tuple[tuple[str, int, str], ...], by: str)
     return f"max by ({by}) (\n  " + "\n  or ".join(parts) + "\n)"
 
 
-def mappings(states: tuple[tuple[str, int, str], ...]) -> list[dict]:
+def mappings(states: tuple[tuple[str, int, str], ...]) -> list[dict[str, Any]]:
     return [
         {
             "type": "value",
@@ -43,8 +44,8 @@ def mappings(states: tuple[tuple[str, int, str], ...]) -> list[dict]:
     ]
 
 
-def target(expr: str, legend: str = "", ref: str = "A", **extra) -> dict:
-    t = {
+def target(expr: str, legend: str = "", ref: str = "A", **extra: Any) -> dict[str, Any]:
+    t: dict[str, Any] = {
         "datasource": DS,
         "expr": expr,
         "legendFormat": legend or "__auto",
@@ -55,7 +56,7 @@ def target(expr: str, legend: str = "", ref: str = "A", **extra) -> dict:
     return t
 
 
-def thresholds(steps: list[dict]) -> dict:
+def thresholds(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mode": "absolute", "steps": steps}
 
 
@@ -63,7 +64,7 @@ class Layout:
     """Hands out ids and grid positions, left to right, top to bottom."""
 
     def __init__(self) -> None:
-        self.panels: list[dict] = []
+        self.panels: list[dict[str, Any]] = []
         self.next_id = 1
         self.x = 0
         self.y = 0
@@ -83,7 +84,7 @@ class Layout:
         )
         self.y += 1
 
-    def add(self, panel: dict, w: int, h: int) -> None:
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
         if self.x + w > 24:
             self._newline()
         panel["id"] = self._id()
@@ -106,17 +107,17 @@ def panel(
     kind: str,
     title: str,
     description: str,
-    targets: list[dict],
+    targets: list[dict[str, Any]],
     *,
     unit: str = "short",
-    steps: list[dict] | None = None,
-    maps: list[dict] | None = None,
-    options: dict | None = None,
-    custom: dict | None = None,
-    extra: dict | None = None,
-    overrides: list[dict] | None = None,
-) -> dict:
-    defaults: dict = {
+    steps: list[dict[str, Any]] | None = None,
+    maps: list[dict[str, Any]] | None = None,
+    options: dict[str, Any] | None = None,
+    custom: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
         "unit": unit,
         "thresholds": thresholds(steps or [{"color": "green", "value": None}]),
     }
@@ -138,7 +139,15 @@ def panel(
     return p
 
 
-def stat(title, description, targets, *, color_mode="background", text_mode="auto", **kw):
+def stat(
+    title: str,
+    description: str,
+    targets: list[dict[str, Any]],
+    *,
+    color_mode: str = "background",
+    text_mode: str = "auto",
+    **kw: Any,
+) -> dict[str, Any]:
     opts = {
         "colorMode": color_mode,
         "graphMode": "none",
@@ -151,8 +160,15 @@ def stat(title, description, targets, *, color_mode="background", text_mode="aut
 
 
 def timeseries(
-    title, description, targets, *, stack=False, bars=False, show_thresholds=False, **kw
-):
+    title: str,
+    description: str,
+    targets: list[dict[str, Any]],
+    *,
+    stack: bool = False,
+    bars: bool = False,
+    show_thresholds: bool = False,
+    **kw: Any,
+) -> dict[str, Any]:
     custom = {
         "drawStyle": "bars" if bars else "line",
         "lineWidth": 1,
@@ -174,7 +190,9 @@ def timeseries(
     return panel("timeseries", title, description, targets, custom=custom, options=opts, **kw)
 
 
-def state_timeline(title, description, targets, **kw):
+def state_timeline(
+    title: str, description: str, targets: list[dict[str, Any]], **kw: Any
+) -> dict[str, Any]:
     opts = {
         "mergeValues": True,
         "showValue": "auto",
@@ -194,7 +212,7 @@ def state_timeline(title, description, targets, **kw):
     )
 
 
-def color_override(name: str, color: str) -> dict:
+def color_override(name: str, color: str) -> dict[str, Any]:
     return {
         "matcher": {"id": "byName", "options": name},
         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}],
