@@ -188,6 +188,7 @@ def render(report: Report) -> str:
         "",
     ]
     out += _comparison(report)
+    out += _scale_goals(report)
     out += _latency_table(report)
     out += _scrape_table(report)
     out += _cpu_tables(report)
@@ -222,6 +223,63 @@ def _comparison(report: Report) -> list[str]:
         change = f"{(after - before) / before * 100:+.0f} %" if before else "-"
         out.append(f"| {key} | {before:,.2f} | {after:,.2f} | {change} |")
     return [*out, ""]
+
+
+#: "Flat" per-engine cost: the per-engine figure at the largest size within this factor of 64's.
+FLAT_FACTOR = 1.25
+
+
+def _scale_goals(report: Report) -> list[str]:
+    """Issue 18's goals, each met or not, from this run's tables."""
+    by_n = {s.n: s for s in report.sizes}
+    out = ["## Goals at scale (64 and 1,024 engines)", ""]
+    rows: list[str] = []
+    for n in (64, 1024):
+        s = by_n.get(n)
+        if s is None:
+            rows.append(f"- N={n}: not measured in this run.")
+            continue
+        r = s.latency
+        cpu_ratio = r.exporter_cpu_per_call / max(r.floor_cpu_per_call, 1e-12)
+        rows += [
+            f"- N={n}: aggregated `is_sleeping` p50 {r.ratio_p50:.2f}x the floor (goal ≤ 1.1x) — "
+            f"{_goal(r.ratio_p50 <= 1.1)}; p99 {r.ratio_p99:.2f}x (goal ≤ 1.5x) — "
+            f"{_goal(r.ratio_p99 <= 1.5)}.",
+            f"- N={n}: exporter CPU per aggregated call {_us(r.exporter_cpu_per_call)} vs the "
+            f"floor's {_us(r.floor_cpu_per_call)}, {cpu_ratio:.2f}x (goal ≤ 1.2x) — "
+            f"{_goal(cpu_ratio <= 1.2)}.",
+        ]
+    small, big = by_n.get(64), by_n.get(max(by_n, default=0))
+    if small is not None and big is not None and big.n > small.n:
+        if small.poll_cpu is not None and big.poll_cpu is not None:
+            a, b = small.poll_cpu.cpu_per_poll_engine, big.poll_cpu.cpu_per_poll_engine
+            rows.append(
+                f"- Poll CPU per engine flat from 64 to {big.n:,}: {_us(a)} → {_us(b)} "
+                f"({b / a:.2f}x; goal ≤ {FLAT_FACTOR}x) — {_goal(b / a <= FLAT_FACTOR)}."
+            )
+        if small.scrape is not None and big.scrape is not None:
+            a = small.scrape.render_p50 / small.n
+            b = big.scrape.render_p50 / big.n
+            rows.append(
+                f"- `/metrics` render per engine flat from 64 to {big.n:,}: {_us(a)} → {_us(b)} "
+                f"({b / a:.2f}x; goal ≤ {FLAT_FACTOR}x) — {_goal(b / a <= FLAT_FACTOR)}."
+            )
+    at1k = by_n.get(1024)
+    if at1k is not None and at1k.poll_cpu is not None:
+        wall = at1k.poll_cpu.wall_per_poll
+        rows.append(
+            f"- A full poll at 1,024 engines: {_ms(wall)} wall (goal ≤ 1 s) — {_goal(wall <= 1.0)}."
+        )
+    rss = sorted(report.rss, key=lambda r: r.n)
+    if len(rss) >= 2:
+        lo, hi = rss[0], rss[-1]
+        per = (hi.rss_kib - lo.rss_kib) / (hi.n - lo.n)
+        rows.append(
+            f"- RSS per engine (serve, slope from {lo.n:,} to {hi.n:,} engines): "
+            f"{per:,.0f} KiB; {_mib(hi.rss_kib)} at {hi.n:,} (reported; docs/scale.md has "
+            "sockets and descriptors per engine)."
+        )
+    return [*out, *rows, ""]
 
 
 def _latency_table(report: Report) -> list[str]:

@@ -1,7 +1,7 @@
 """``python -m bench.run``: run the benchmarks and write docs/benchmarks.md.
 
 Options: ``--quick`` (tiny smoke configuration, seconds), ``--out PATH`` (default
-docs/benchmarks.md), ``--sizes 1,8,64,256`` (engine counts for the in-process tables),
+docs/benchmarks.md), ``--sizes 1,8,64,256,1024`` (engine counts for the in-process tables),
 ``--log-dir DIR`` (engine/serve logs; default a temporary directory), ``--skip-service``
 (in-process tables only), ``--compare PATH`` (an earlier report, which may be the ``--out`` file
 itself: adds a before/after table from the results embedded at the end of that report),
@@ -27,8 +27,9 @@ from bench.inprocess import Plan, measure_size
 from bench.procs import engine_processes_for
 from bench.report import Report, machine_lines, read_baseline, render
 from bench.service import flapping_memory, serve_cpu_and_admin, serve_rss
+from bench.statuspage import bench_section, insert_section
 
-DEFAULT_SIZES = (1, 8, 64, 256)
+DEFAULT_SIZES = (1, 8, 64, 256, 1024)
 QUICK_SIZES = (1, 2)
 
 
@@ -36,7 +37,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--out", default="docs/benchmarks.md", help="Markdown report path")
-    p.add_argument("--sizes", help="comma-separated engine counts (default 1,8,64,256)")
+    p.add_argument("--sizes", help="comma-separated engine counts (default 1,8,64,256,1024)")
     p.add_argument("--log-dir", help="directory for engine and serve logs")
     p.add_argument("--skip-service", action="store_true", help="only the in-process tables")
     p.add_argument(
@@ -75,9 +76,11 @@ def make_plan(sizes: list[int], quick: bool) -> Plan:
             profile_size=sizes[-1],
             connect_timeout_s=30.0,
         )
-    wanted = frozenset({8, 64, 256}) & frozenset(sizes) or frozenset(sizes)
+    wanted = frozenset({8, 64, 256, 1024}) & frozenset(sizes) or frozenset(sizes)
     return Plan(
         latency_calls=lambda n: 300 if n <= 64 else 100,
+        poll_count=lambda n: 200 if n <= 64 else (50 if n <= 256 else 20),
+        scrape_iterations=lambda n: 500 if n <= 64 else (200 if n <= 256 else 50),
         scrape_sizes=wanted,
         profile_size=64 if 64 in sizes else sizes[-1],
     )
@@ -170,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run(args, log_dir)
         report.baseline, report.baseline_source = baseline, args.compare or ""
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render(report))
+        _log("status page: render time and size, N=64 and 256")
+        page = bench_section(args.quick, report.errors)
+        out.write_text(insert_section(render(report), page))
         _log(f"wrote {out} in {report.elapsed_s:.0f} s")
         if report.errors:
             for line in report.errors:

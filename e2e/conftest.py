@@ -1,5 +1,11 @@
 """Fixtures of the real-vLLM suite: the cached vLLM install, the tiny model, process groups
-that are always stopped, and log tails attached to every failure."""
+that are always stopped, and log tails attached to every failure.
+
+Two deployments are shared by several modules (``e2e/fleets.py``): ``owner_fleet`` and
+``http_deployment`` start once per session, when the first test asks for one. The tests sharing
+one run next to each other (``pytest_collection_modifyitems``) and its processes are stopped as
+soon as the last of them ends, so no two deployments' vLLM processes are ever alive together.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,17 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
+from e2e.fleets import HttpDeployment, OwnerFleet, start_http_deployment, start_owner_fleet
 from e2e.procs import ProcessGroup
 from e2e.vllm_runtime import VllmRuntime, prepare_runtime
 
-# Groups whose processes belong to the module running now; a failure report shows their logs.
+# Groups whose processes are running now; a failure report shows their logs.
 _ACTIVE: list[ProcessGroup] = []
+# Fixtures whose processes several modules share, and each one's running group (if started).
+SHARED_FIXTURES = ("owner_fleet", "http_deployment")
+_shared: dict[str, ProcessGroup] = {}
+# Shared fixture → node id of the last selected test using it (its processes stop after it).
+_last_user: dict[str, str] = {}
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +47,93 @@ def procs(
         _ACTIVE.remove(group)
 
 
+def _open_shared(name: str, tmp_path_factory: pytest.TempPathFactory) -> ProcessGroup:
+    group = ProcessGroup(tmp_path_factory.mktemp(f"logs-{name}", numbered=True))
+    _shared[name] = group
+    _ACTIVE.append(group)
+    return group
+
+
+def _close_shared(name: str) -> None:
+    """Stop a shared deployment's processes (once: after its last test, or at session end)."""
+    group = _shared.pop(name, None)
+    if group is not None:
+        try:
+            group.stop_all()
+        finally:
+            _ACTIVE.remove(group)
+
+
+@pytest.fixture(scope="session")
+def owner_fleet(
+    runtime: VllmRuntime, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OwnerFleet]:
+    """The exporter owning 2 real engines of one headless launcher (scenarios 1, 2, 6, 7b)."""
+    group = _open_shared("owner_fleet", tmp_path_factory)
+    try:
+        yield start_owner_fleet(runtime, group)
+    finally:
+        _close_shared("owner_fleet")
+
+
+@pytest.fixture(scope="session")
+def http_deployment(
+    runtime: VllmRuntime, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HttpDeployment]:
+    """The exporter in HTTP mode over 2 single-engine API servers (scenarios 5, 7a)."""
+    group = _open_shared("http_deployment", tmp_path_factory)
+    try:
+        yield start_http_deployment(runtime, group)
+    finally:
+        _close_shared("http_deployment")
+
+
+def _shared_fixture(item: pytest.Item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    return next((n for n in SHARED_FIXTURES if n in names), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests sharing a deployment run together, where the first of them was collected; the
+    others keep their module's place. The sort is stable: file order holds within a group."""
+    first: dict[str, int] = {}
+
+    def group(item: pytest.Item) -> str:
+        return _shared_fixture(item) or item.nodeid.split("::", 1)[0]
+
+    for index, item in enumerate(items):
+        first.setdefault(group(item), index)
+    items.sort(key=lambda item: first[group(item)])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Remember the last selected test of every shared deployment (after -k, --lf, ...)."""
+    _last_user.clear()
+    for item in session.items:
+        name = _shared_fixture(item)
+        if name is not None:
+            _last_user[name] = item.nodeid
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    """After the last test of a shared deployment, stop its processes at once."""
+    try:
+        yield
+    finally:
+        for name, nodeid in _last_user.items():
+            if nodeid == item.nodeid:
+                _close_shared(name)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """On any failure (setup, test or teardown), append the tail of every log the current
-    module's processes wrote, so a CI failure can be read without the log files."""
+    """On any failure (setup, test or teardown), append the tail of every log the running
+    processes wrote, so a CI failure can be read without the log files."""
     report = yield
     if report.failed:
         for group in _ACTIVE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,13 @@ from e2e.procs import Managed, ProcessGroup, cli_flags, first_exited
 
 STARTUP_TIMEOUT_S = 30.0
 # Poll every second; a call that gets no answer in 5 s is a timeout. Resets may follow each
-# other at once (the suite sends several in a row on purpose).
-COMMON_FLAGS = cli_flags(poll_interval=1, call_timeout=5, reset_min_interval=0)
+# other at once (the suite sends several in a row on purpose). GET /gate answers callers within
+# GATE_MIN_INTERVAL_S of its last fan-out from that fan-out (the exporter's default, made
+# explicit: scenario 7 waits it out after an action, see docs/e2e.md).
+GATE_MIN_INTERVAL_S = 0.2
+COMMON_FLAGS = cli_flags(
+    poll_interval=1, call_timeout=5, reset_min_interval=0, gate_min_interval=GATE_MIN_INTERVAL_S
+)
 
 
 @dataclass
@@ -55,6 +61,17 @@ class ExporterProc:
             f"{self.admin_url}/admin/reset_prefix_cache?reset_running_requests={flag}",
             timeout_s=30.0,
         )
+
+    def admin(self, action: str, payload: Any = None, **query: str) -> web.Reply:
+        """``POST /admin/<action>[?query]`` with ``payload`` as its JSON body (none if None)."""
+        url = f"{self.admin_url}/admin/{action}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        return web.post(url, payload, timeout_s=60.0)
+
+    def gate(self, **conditions: str) -> web.Reply:
+        """``GET /gate?conditions`` (a fresh fan-out of every invariant on every engine)."""
+        return web.get(f"{self.url}/gate?{urllib.parse.urlencode(conditions)}", timeout_s=30.0)
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``vllm-dp-exporter ctl ARGS`` (bounded), for the exit-code contract."""

@@ -1,53 +1,32 @@
 """HTTP attach mode against two real single-engine vLLM API servers (issue 14, scenario 5).
 
 ``VLLM_SERVER_DEV_MODE=1`` gives each server its dev routes (``/is_sleeping``,
-``/reset_prefix_cache``) and the RL routes (``/pause``, ``/resume``), so each target's value can
-be made to differ for real: a paused scheduler answers ``is_sleeping: true``.
+``/reset_prefix_cache``) and the RL routes (``/pause``, ``/resume``, ``/is_paused``), so each
+target's value can be made to differ for real: a paused scheduler answers ``is_sleeping: true``.
+The servers are shared with scenario 7a (``http_deployment``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from e2e import web
-from e2e.exporter_proc import ExporterProc, http_args, start_exporter
-from e2e.ports import free_port
-from e2e.procs import Managed, ProcessGroup
+from e2e.fleets import HTTP_TARGETS as TARGETS
+from e2e.fleets import HttpDeployment
 from e2e.traffic import start_long_generations
-from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
+from e2e.vllm_runtime import VllmRuntime
 
 pytestmark = pytest.mark.timeout(900)
 
-TARGETS = ("0", "1")
 LONG_TOKENS = 2500
 
 
-@dataclass
-class HttpDeployment:
-    servers: dict[str, Managed]
-    urls: dict[str, str]
-    exporter: ExporterProc
-
-
-@pytest.fixture(scope="module")
-def deployment(runtime: VllmRuntime, procs: ProcessGroup) -> HttpDeployment:
-    urls = {name: f"http://127.0.0.1:{free_port()}" for name in TARGETS}
-    servers = {
-        name: procs.start(
-            f"vllm-api-{name}",
-            runtime.api_server(int(url.rsplit(":", 1)[1])),
-            runtime.env({"VLLM_SERVER_DEV_MODE": "1"}),
-        )
-        for name, url in urls.items()
-    }
-    for url in urls.values():
-        wait_api_ready(url, *servers.values())
-    exporter = start_exporter(procs, "exporter", http_args(urls))
-    exporter.wait_ready(READY_TIMEOUT_S, *servers.values())
-    return HttpDeployment(servers, urls, exporter)
+@pytest.fixture
+def deployment(http_deployment: HttpDeployment) -> HttpDeployment:
+    """The session's HTTP deployment (``conftest.py``), shared with scenario 7a."""
+    return http_deployment
 
 
 def with_info(scrape: web.Scrape, version: str) -> web.Scrape | None:
@@ -69,8 +48,9 @@ def test_scenario5_per_target_values_and_reset_through_the_dev_route(
     status = exporter.status()
     assert status["attach"] == "http" and status["engines_connected"] == 2
     assert status["aggregate"]["is_sleeping"]["value"] is False
-    # No verified dev route answers is_scheduler_paused: HTTP mode does not ask.
-    assert status["is_scheduler_paused"]["state"] == "unknown"
+    # is_scheduler_paused comes from the RL route GET /is_paused (dev mode).
+    assert status["is_scheduler_paused"]["state"] == "consistent"
+    assert status["is_scheduler_paused"]["value"] is False
     assert [(e["engine"], e["outcome"], e["value"]) for e in status["engines"]] == [
         ("0", "ok", False),
         ("1", "ok", False),
@@ -85,7 +65,7 @@ def test_scenario5_per_target_values_and_reset_through_the_dev_route(
     for target in TARGETS:
         assert scrape.value("vllm_dp_engine_up", engine=target) == 1
         assert scrape.value("vllm_dp_engine_sleeping", engine=target) == 0
-        assert scrape.value("vllm_dp_engine_paused", engine=target) is None
+        assert scrape.value("vllm_dp_engine_paused", engine=target) == 0
     assert scrape.value("vllm_dp_sleeping") == 0
     assert scrape.value("vllm_dp_sleep_state_consistent") == 1
 
@@ -114,9 +94,9 @@ def test_scenario5_one_paused_target_makes_the_fleet_inconsistent(
             15,
             "the fleet to turn inconsistent",
         )
-        assert [(e["engine"], e["value"]) for e in status["engines"]] == [
-            ("0", True),
-            ("1", False),
+        assert [(e["engine"], e["value"], e["paused"]) for e in status["engines"]] == [
+            ("0", True, True),
+            ("1", False, False),
         ]
         scrape = exporter.scrape()
         assert scrape.value("vllm_dp_engine_sleeping", engine="0") == 1

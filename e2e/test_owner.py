@@ -1,66 +1,29 @@
 """Owner mode against one real headless vLLM launcher with 2 engines (issue 14, scenarios 1, 2
-and 6). The engines are started once for the module; the scenarios run in file order."""
+and 6). The engines are started once per session (``owner_fleet``, shared with scenario 7b);
+the scenarios run in file order."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from e2e import web
-from e2e.exporter_proc import ExporterProc, owner_args, start_exporter
-from e2e.ports import free_port, free_port_range
-from e2e.procs import Managed, ProcessGroup
-from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, engine_core_pids
+from e2e.fleets import OwnerFleet
+from e2e.vllm_runtime import READY_TIMEOUT_S, engine_core_pids
 
 pytestmark = pytest.mark.timeout(900)
 
 ENGINES = ("0", "1")
 
 
-def start_engines(procs: ProcessGroup, runtime: VllmRuntime, handshake_port: int) -> Managed:
-    return procs.start("vllm-engines", runtime.headless_engines(handshake_port), runtime.env())
-
-
-@dataclass
-class OwnerFleet:
-    """The exporter owning the handshake of one launcher's 2 engines."""
-
-    runtime: VllmRuntime
-    procs: ProcessGroup
-    handshake_port: int
-    base_port: int
-    exporter: ExporterProc
-    engines: Managed
-
-    def restart_exporter(self) -> None:
-        """Stop the exporter and start it again on the same fixed and HTTP ports."""
-        old = self.exporter
-        assert old.proc.stop() is not None
-        self.exporter = start_exporter(
-            self.procs,
-            "exporter",
-            owner_args(self.handshake_port, self.base_port),
-            listen_port=old.listen_port,
-            admin_port=old.admin_port,
-        )
-
-    def restart_engines(self) -> None:
-        self.engines = start_engines(self.procs, self.runtime, self.handshake_port)
-
-
-@pytest.fixture(scope="module")
-def fleet(runtime: VllmRuntime, procs: ProcessGroup) -> OwnerFleet:
-    handshake_port, base_port = free_port(), free_port_range(3)
-    # The exporter first: engines wait for the handshake address (5 min), not the reverse.
-    exporter = start_exporter(procs, "exporter", owner_args(handshake_port, base_port))
-    engines = start_engines(procs, runtime, handshake_port)
-    exporter.wait_ready(READY_TIMEOUT_S, engines)
-    return OwnerFleet(runtime, procs, handshake_port, base_port, exporter, engines)
+@pytest.fixture
+def fleet(owner_fleet: OwnerFleet) -> OwnerFleet:
+    """The session's owner fleet (``conftest.py``), shared with scenario 7b."""
+    return owner_fleet
 
 
 def assert_fleet_healthy(scrape: web.Scrape) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.aggregate import fleet_outcome
 from exporter.checksums import ChecksumShapeError, compare, comparison_json, flatten
 from exporter.fleet import EngineOutcome, FleetClient, Outcome
 from exporter.invariants import PAUSED, SLEEPING, WEIGHT_VERSION, Invariant, is_unsupported
@@ -210,11 +211,7 @@ class ActionVerdict:
 
     @property
     def outcome(self) -> str:
-        if self.success:
-            return "success"
-        if len(self.failures) == len(self.engines):
-            return "failure"
-        return "partial_failure"
+        return fleet_outcome(len(self.engines), len(self.failures))
 
 
 def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, str | None]:

@@ -6,8 +6,12 @@ the state back on every engine where the engine exposes it.
 Secured by default: bearer token compared in constant time (never logged), failed tokens rate
 limited per source address (a correct token is always accepted), one action at a time (409),
 Idempotency-Key replay (``exporter.admin_guard``), a minimum interval (429), small request
-bodies, chunked or not (413), POST only (405). Every request leaves one JSON audit line on
-stderr.
+bodies, chunked or not (413), POST only (405). Every request leaves one audit record in the
+structured log (``exporter.logs.log_audit``: logger ``exporter.audit``).
+
+With ``--web-config-file`` the listener serves TLS; its ``basic_auth_users`` authenticate admin
+requests only when no admin token is configured (one Authorization header carries one scheme;
+the token, when configured, stays the admin's credential).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from exporter.actions import (
     ACTIONS,
     ActionRequest,
     BadRequest,
-    engine_id,
     run_action,
     run_verify_weights,
 )
@@ -37,18 +40,21 @@ from exporter.admin_guard import (
     Replay,
     read_body_bounded,
     source_key,
-    stderr_audit,
 )
-from exporter.aggregate import AllTrueVerdict, aggregate_all_true
+from exporter.aggregate import aggregate_all_true
 from exporter.fleet import Outcome
-from exporter.protocol import reset_args
+from exporter.logs import log_audit
+from exporter.reset import parse_reset, reset_body
 from exporter.runtime import Exporter
+from exporter.webconfig import REALM as BASIC_REALM
+from exporter.webconfig import BasicAuth, protect
 
 log = logging.getLogger("exporter.admin")
 
 RESET_PATH = "/admin/reset_prefix_cache"
 ADMIN_SHUTDOWN_KEY: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("admin_shutdown")
 MAX_ADMIN_BODY = 1024
+BEARER_REALM = 'Bearer realm="vllm-dp-exporter"'
 #: A request body (chunked or not) must arrive within this many seconds (408 otherwise).
 BODY_TIMEOUT_S = 5.0
 #: Answers of completed resets: stored and replayed for Idempotency-Key retries.
@@ -62,66 +68,6 @@ Parser = Callable[[dict[str, list[str]], bytes], ActionRequest]
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
-def parse_bool(name: str, raw: str) -> bool:
-    """true/false/1/0 (any case) and nothing else."""
-    lowered = raw.lower()
-    if lowered in ("true", "1"):
-        return True
-    if lowered in ("false", "0"):
-        return False
-    raise BadRequest(f"query parameter {name!r} must be true, false, 1 or 0, got {raw!r}")
-
-
-def parse_reset_flags(query: dict[str, list[str]]) -> dict[str, bool]:
-    """Pure parsing of the reset's query parameters (``reset_external`` aliases the connector)."""
-    allowed = {"reset_running_requests", "reset_connector", "reset_external"}
-    for name, values in query.items():
-        if name not in allowed:
-            raise BadRequest(f"unknown query parameter {name!r}")
-        if len(values) != 1:
-            raise BadRequest(f"query parameter {name!r} given more than once")
-    flags = {k: parse_bool(k, v[0]) for k, v in query.items()}
-    connector = flags.get("reset_connector")
-    external = flags.get("reset_external")
-    if connector is not None and external is not None and connector != external:
-        raise BadRequest("reset_connector and its alias reset_external disagree")
-    return {
-        "reset_running_requests": flags.get("reset_running_requests", False),
-        "reset_connector": bool(connector if connector is not None else external),
-    }
-
-
-def parse_reset(query: dict[str, list[str]], body: bytes) -> ActionRequest:
-    flags = parse_reset_flags(query)
-    args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
-    return ActionRequest("reset_prefix_cache", "reset_prefix_cache", args, flags, expect_true=True)
-
-
-def reset_body(
-    verdict: AllTrueVerdict, flags: dict[str, bool], duration_s: float
-) -> dict[str, Any]:
-    failures = {f.engine: f for f in verdict.failures}
-    engines = []
-    for o in verdict.engines:
-        f = failures.get(o.engine)
-        engines.append(
-            {
-                "engine": engine_id(o.engine),
-                "ok": f is None,
-                "reason": f.reason if f else None,
-                "error": f.error if f else None,
-            }
-        )
-    return {
-        "success": verdict.success,
-        "outcome": verdict.outcome,
-        "engines": engines,
-        "failed_engines": [engine_id(f.engine) for f in verdict.failures],
-        "flags": flags,
-        "duration_s": round(duration_s, 6),
-    }
-
-
 class AdminController:
     """State of the admin endpoint: single flight, idempotency cache, rate limits."""
 
@@ -129,7 +75,7 @@ class AdminController:
         self,
         exporter: Exporter,
         *,
-        audit: Callable[[dict[str, Any]], None] = stderr_audit,
+        audit: Callable[[dict[str, Any]], None] = log_audit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.exporter = exporter
@@ -142,8 +88,19 @@ class AdminController:
         self.auth_throttle = AuthThrottle(clock=clock)
         token = exporter.config.admin_token
         self._token = token.encode() if token is not None else None
+        web = exporter.config.web
+        self._basic = (
+            BasicAuth(web.users) if token is None and web is not None and web.users else None
+        )
 
     # -- checks ----------------------------------------------------------------------------
+
+    async def _credentials_ok(self, request: web.Request) -> bool:
+        """The bearer token when one is configured, else the web config's basic auth users
+        when there are some, else nothing to check."""
+        if self._token is None and self._basic is not None:
+            return await self._basic.check(request.headers.get("Authorization", ""))
+        return self._token_ok(request)
 
     def _token_ok(self, request: web.Request) -> bool:
         """Constant-time comparison of the raw bytes presented (aiohttp hands header bytes
@@ -202,7 +159,7 @@ class AdminController:
         parse: Parser,
         state_changing: bool,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        if not self._token_ok(request):
+        if not await self._credentials_ok(request):
             # Only failed attempts are throttled, and per source: a correct token is always
             # accepted, whatever strangers (or this address) tried before.
             source = source_key(request.remote)
@@ -216,11 +173,11 @@ class AdminController:
                 )
             self.auth_throttle.record_failure(source)
             audit["outcome"] = "unauthorized"
-            return (
-                401,
-                {"error": "missing or invalid bearer token"},
-                {"WWW-Authenticate": 'Bearer realm="vllm-dp-exporter"'},
-            )
+            if self._basic is not None:
+                error, challenge = "missing or invalid basic-auth credentials", BASIC_REALM
+            else:
+                error, challenge = "missing or invalid bearer token", BEARER_REALM
+            return 401, {"error": error}, {"WWW-Authenticate": challenge}
         body_or_problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
         if isinstance(body_or_problem, tuple):
             audit["outcome"] = "bad_request"
@@ -284,9 +241,10 @@ class AdminController:
         """The action; its Idempotency-Key's answer is stored only when the action completed
         (200 or 502; not 503 "no engine connected")."""
         if request.action == "reset_prefix_cache":
-            status, body = await self._reset(dict(request.params))
+            status, body = await self._reset(request)
         else:
             status, body = await self._action(request)
+        self.exporter.stats.record_last_action(request.action, status, body)
         if key is not None and status in STORED_STATUSES:
             self.idempotency.finish(key, Replay(status, body))
         return status, body
@@ -319,13 +277,15 @@ class AdminController:
             )
         return result.status, result.body
 
-    async def _reset(self, flags: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def _reset(self, request: ActionRequest) -> tuple[int, dict[str, Any]]:
         exporter = self.exporter
         stats = exporter.stats
         started = time.perf_counter()
         timeout = exporter.config.reset_timeout or exporter.config.call_timeout
-        args = reset_args(flags["reset_running_requests"], flags["reset_connector"])
-        outcomes = await exporter.client.call_utility("reset_prefix_cache", args, timeout_s=timeout)
+        flags = dict(request.params)
+        outcomes = await exporter.client.call_utility(
+            "reset_prefix_cache", request.args, timeout_s=timeout
+        )
         stats.record_calls("reset_prefix_cache", outcomes)
         if all(o.outcome is Outcome.DISCONNECTED for o in outcomes):
             stats.record_reset("failure")
@@ -369,10 +329,11 @@ ADMIN_KEY: web.AppKey[AdminController] = web.AppKey("admin")
 
 
 def create_admin_app(
-    exporter: Exporter, *, audit: Callable[[dict[str, Any]], None] = stderr_audit
+    exporter: Exporter, *, audit: Callable[[dict[str, Any]], None] = log_audit
 ) -> web.Application:
     """The admin application (served on ``--admin-listen``)."""
     app = web.Application(client_max_size=MAX_ADMIN_BODY)
+    protect(app, exporter.config.web, basic_auth=False)  # headers; auth is the controller's
     controller = AdminController(exporter, audit=audit)
     app[ADMIN_KEY] = controller
     app.router.add_post(RESET_PATH, controller.handle)

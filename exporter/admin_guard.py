@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
-import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
@@ -205,7 +203,3 @@ async def read_body_bounded(
     ):
         return 400, "request body incomplete"
     return bytes(received) if within else (413, "request body too large")
-
-
-def stderr_audit(record: dict[str, Any]) -> None:
-    print(json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)

@@ -51,12 +51,17 @@ class AllTrueVerdict:
 
     @property
     def outcome(self) -> str:
-        """success | partial_failure | failure (none confirmed)."""
-        if self.success:
-            return "success"
-        if len(self.failures) == len(self.engines):
-            return "failure"
-        return "partial_failure"
+        return fleet_outcome(len(self.engines), len(self.failures))
+
+
+def fleet_outcome(engines: int, failed: int) -> str:
+    """An all-engines action: success (none failed), failure (none confirmed; also for zero
+    engines), or partial_failure."""
+    if engines and not failed:
+        return "success"
+    if failed == engines:
+        return "failure"
+    return "partial_failure"
 
 
 def consensus(method: str, values: Sequence[Any]) -> Any:

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from exporter import __version__
+from exporter.logs import (
+    LOG_LEVELS,
+    add_logging_arguments_everywhere,
+    configure_logging,
+    logging_settings,
+)
 
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+__all__ = ["LOG_LEVELS", "build_parser", "main"]
 
 
 def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,13 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per-engine sleep state, consistency and prefix-cache resets for vLLM DP.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=LOG_LEVELS,
-        help="debug, info, warning, error or critical, any case (default: info)",
-    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_probe(sub)
     _add_sim_engine(sub)
@@ -95,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(sub.add_parser("serve", help="attach to the engines, poll, serve HTTP"))
     add_demo_arguments(sub.add_parser("demo", help="serve against simulated engines"))
     add_ctl_arguments(sub.add_parser("ctl", help="talk to a running exporter"))
+    # --log-level/--log-format before the subcommand and on every subcommand (ctl's too).
+    add_logging_arguments_everywhere(parser)
     return parser
 
 
@@ -159,7 +152,12 @@ def _run_sim_engine(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.log_level)
+    try:
+        level, fmt = logging_settings(args, os.environ)
+    except ValueError as exc:
+        print(f"vllm-dp-exporter {args.command}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(level, fmt)
     try:
         if args.command == "probe":
             return _run_probe(args)

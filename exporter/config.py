@@ -30,6 +30,14 @@ from exporter.config_rules import (
     unknown_env,
 )
 from exporter.error import ConfigError
+from exporter.logs import (
+    DEFAULT_FORMAT,
+    DEFAULT_LEVEL,
+    add_logging_arguments,
+    log_format_value,
+    log_level_value,
+)
+from exporter.webconfig import WebConfig, load_web_config
 
 ENV_PREFIX = "VLLM_DP_EXPORTER_"
 
@@ -81,7 +89,11 @@ class ServeConfig:
     verify_weights_timeout: float = 300.0
     gate_min_interval: float = 0.2
     relay_allow_state_changes: bool = False
+    web_config_file: str | None = None
+    log_level: str = DEFAULT_LEVEL
+    log_format: str = DEFAULT_FORMAT
     admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
+    web: WebConfig | None = field(default=None, repr=False)  # loaded from web_config_file
 
     def fleet_shape(self) -> dict[str, Any]:
         """The keyword arguments of ``FleetShape`` (owner and relay mode)."""
@@ -154,8 +166,19 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         parse_switch,
         "relay mode: allow sleep/wake_up/pause/resume/weight_version beside the front end",
     ),
+    (
+        "web_config_file",
+        str,
+        "exporter-toolkit web configuration (TLS, basic auth) for both listeners: docs/security.md",
+    ),
+    ("log_level", log_level_value, "log level"),
+    ("log_format", log_format_value, "log format"),
     ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
 )
+#: Set on the command line by ``exporter.logs.add_logging_arguments`` (any subcommand).
+LOGGING_OPTIONS = ("log_level", "log_format")
+#: Fields filled by ``validate`` from other settings, never set directly.
+DERIVED = frozenset({"admin_token", "web"})
 _TYPES = {name: conv for name, conv, _ in OPTIONS}
 _HINTS = typing.get_type_hints(ServeConfig)
 
@@ -164,6 +187,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags default to None so that environment and file values can fill the gaps."""
     defaults = {f.name: f.default for f in fields(ServeConfig)}
     for name, conv, text in OPTIONS:
+        if name in LOGGING_OPTIONS:
+            continue
         flag = "--" + name.replace("_", "-")
         default = defaults.get(name)
         if default not in (None, "", (), 0) or name == "start_rank":
@@ -175,6 +200,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=conv, nargs="?", const=True, default=None, help=text)
         else:
             parser.add_argument(flag, type=conv, default=None, help=text)
+    add_logging_arguments(parser)
 
 
 def _load_file(path: str) -> dict[str, Any]:
@@ -200,7 +226,7 @@ def env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """Warnings for ``VLLM_DP_EXPORTER_*`` variables that are no setting (a misspelling is
     otherwise silently ignored)."""
     env = os.environ if environ is None else environ
-    known = [f.name for f in fields(ServeConfig) if f.name != "admin_token"] + ["config"]
+    known = [f.name for f in fields(ServeConfig) if f.name not in DERIVED] + ["config"]
     return unknown_env(env, ENV_PREFIX, known)
 
 
@@ -218,9 +244,9 @@ def resolve_config(
     values: dict[str, Any] = {}
     known = {f.name for f in fields(ServeConfig)}
     for key in from_file:
-        if key not in known or key == "admin_token":
+        if key not in known or key in DERIVED:
             raise ConfigError(f"config file: unknown setting {key!r}")
-    for name in known - {"admin_token"}:
+    for name in known - DERIVED:
         env_key = ENV_PREFIX + name.upper()
         if name in flags:
             values[name] = check_type(flag(name), flags[name], _HINTS[name])
@@ -291,6 +317,13 @@ def validate(config: ServeConfig) -> ServeConfig:
         if c.http_token_file:
             read_token_file(c.http_token_file, "--http-token-file")
     c.listen_host_port  # noqa: B018 - validates
+    logging_values = {}
+    for name, convert in (("log_level", log_level_value), ("log_format", log_format_value)):
+        try:
+            logging_values[name] = convert(getattr(c, name))
+        except ValueError as exc:
+            raise ConfigError(f"{flag(name)}: {exc}") from None
+    web = load_web_config(c.web_config_file) if c.web_config_file else None
     admin = c.admin_host_port
     token = (
         read_token_file(c.admin_token_file, "--admin-token-file") if c.admin_token_file else None
@@ -300,4 +333,5 @@ def validate(config: ServeConfig) -> ServeConfig:
             f"refusing to serve the admin endpoint on non-loopback address {admin[0]} without "
             "a token: set --admin-token-file, or bind --admin-listen to 127.0.0.1"
         )
-    return ServeConfig(**{**{f.name: getattr(c, f.name) for f in fields(c)}, "admin_token": token})
+    values = {f.name: getattr(c, f.name) for f in fields(c)}
+    return ServeConfig(**{**values, **logging_values, "admin_token": token, "web": web})

@@ -4,7 +4,7 @@ prometheus_client's ``generate_latest`` re-validates and re-escapes every metric
 of every sample; at 64+ engines that costs most of a scrape (docs/benchmarks.md). Our names come
 from the catalog and are valid by construction, so this encoder only escapes label values and
 formats numbers. Its output is byte-identical to ``generate_latest`` on the same data
-(tests/service/test_render_text.py).
+(tests/unit/test_render_text.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from exporter.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.history import FleetHistory
 from exporter.invariants import INVARIANTS, SLEEPING, Invariant, is_unsupported, require_type
 from exporter.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.stats import Stats
@@ -44,6 +45,8 @@ class Poller:
         #: method → {engine: its handshake count when it said it has no such method}.
         self._unsupported: dict[str, dict[str, int]] = {}
         self._snapshot: FleetSnapshot | None = None
+        #: The fleet's state over the last hour (the status page's timeline).
+        self.history = FleetHistory()
         self._wake = asyncio.Event()
         self._polled = asyncio.Condition()
 
@@ -170,6 +173,12 @@ class Poller:
         stats.record_poll(v.method for v in inconsistent)
         for verdict in inconsistent:
             log.warning("%s", verdict.error)
+        self.history.record(
+            snap.taken_at_unix,
+            {m: v.state.value for m, v in snap.verdicts.items()},
+            sum(1 for e in snap.engines if e.up),
+            snap.expected,
+        )
         self._snapshot = snap
 
     async def _sleep_or_wake(self, delay: float) -> None:

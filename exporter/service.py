@@ -14,6 +14,7 @@ from aiohttp import web
 from exporter.config import ServeConfig, env_warnings, resolve_config
 from exporter.error import ConfigError, ExporterError
 from exporter.httpguard import guarded_runner
+from exporter.logs import configure_logging
 from exporter.server import ADMIN_URL_KEY, StartupError, create_app
 
 log = logging.getLogger("exporter")
@@ -31,13 +32,23 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
     try:
         await runner.setup()  # binds the engine-facing sockets and the admin listener
         host, port = config.listen_host_port
-        site = web.TCPSite(runner, host, port)
+        tls = config.web.ssl_context if config.web is not None else None
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
             raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
         # Logged once everything is bound: a failed start prints its one error line only.
-        log.info("serving /metrics on http://%s:%d (attach=%s)", host, port, config.attach)
+        scheme = "https" if tls is not None else "http"
+        log.info("serving /metrics on %s://%s:%d (attach=%s)", scheme, host, port, config.attach)
+        if config.web is not None:
+            log.info(
+                "web config %s: TLS %s (client certificates: %s), basic auth %s",
+                config.web.path,
+                "on" if tls is not None else "off",
+                config.web.client_auth_type,
+                "on" if config.web.users else "off",
+            )
         if ADMIN_URL_KEY in app:
             log.info("admin endpoint on %s", app[ADMIN_URL_KEY])
         await stop.wait()
@@ -58,6 +69,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
         return 2
+    # The config file and environment may set the log level and format too.
+    configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except (ConfigError, StartupError) as exc:

@@ -11,9 +11,11 @@ global metric objects); ``histogram_rows`` reads them back through their public 
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Histogram
 
@@ -51,6 +53,45 @@ def histogram_rows(hist: Histogram) -> list[HistogramRow]:
     return [(labels, buckets[labels], sums.get(labels, 0.0)) for labels in sorted(buckets)]
 
 
+@dataclass(frozen=True, slots=True)
+class LastAction:
+    """The last admin action that ran (whatever its outcome), for /status and the page."""
+
+    action: str
+    unix: float
+    #: The HTTP status it was answered with (200, 502, 503 ...).
+    status: int
+    outcome: str
+    #: (engine, ok, reason, error) per engine called.
+    engines: tuple[tuple[str, bool, str | None, str | None], ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def from_body(
+        cls, action: str, status: int, body: Mapping[str, Any], unix: float
+    ) -> LastAction:
+        """From the admin answer's body (``reset_body`` / ``verdict_body`` shapes)."""
+        engines = tuple(
+            (str(e.get("engine")), bool(e.get("ok")), e.get("reason"), e.get("error"))
+            for e in body.get("engines", [])
+            if isinstance(e, Mapping)
+        )
+        params = body.get("params", body.get("flags", {}))
+        duration = body.get("duration_s")
+        return cls(
+            action,
+            unix,
+            status,
+            str(body.get("outcome", "failure")),
+            engines,
+            dict(params) if isinstance(params, Mapping) else {},
+            str(body["error"]) if body.get("error") else None,
+            float(duration) if isinstance(duration, (int, float)) else None,
+        )
+
+
 @dataclass
 class Stats:
     """Every counter the exporter keeps, keyed by label tuples."""
@@ -79,6 +120,9 @@ class Stats:
     relay_handshakes: Counter[str] = field(default_factory=Counter)
     polls: int = 0
     generation: int = 0
+    #: When these counters started (the process's start, in practice).
+    started_unix: float = field(default_factory=time.time)
+    last_action: LastAction | None = None
 
     def preset(self, engines: Iterable[str]) -> None:
         """Start the outcome series at 0 so that ``increase()`` sees their first event."""
@@ -141,4 +185,11 @@ class Stats:
 
     def record_admin_request(self, action: str, status: int) -> None:
         self.admin_requests[(action, str(status))] += 1
+        self.generation += 1
+
+    def record_last_action(
+        self, action: str, status: int, body: Mapping[str, Any], unix: float | None = None
+    ) -> None:
+        """The admin action that just ran, as its answer's body says (shown by /status)."""
+        self.last_action = LastAction.from_body(action, status, body, unix or time.time())
         self.generation += 1

@@ -22,6 +22,7 @@ from typing import Any
 from dashboard.builders import DS, UID, Layout
 from dashboard.panels_fleet import add_fleet_rows
 from dashboard.panels_ops import add_operations_rows
+from dashboard.panels_rl import add_rl_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "grafana" / "dashboards" / "vllm-dp-exporter.json"
@@ -33,6 +34,7 @@ RUNBOOKS_URL = "docs/runbooks.md"
 def build_panels() -> list[dict[str, Any]]:
     L = Layout()
     add_fleet_rows(L)
+    add_rl_rows(L)
     add_operations_rows(L)
     return L.panels
 

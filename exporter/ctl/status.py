@@ -22,7 +22,9 @@ def add_status_command(sub: Any) -> None:
 def format_status(body: dict[str, Any]) -> str:
     agg = body.get("aggregate", {}).get("is_sleeping", {})
     state = agg.get("state", "unknown")
-    paused = body.get("is_scheduler_paused", {}).get("value") is True
+    # schema_version 1 keeps every invariant in "aggregate"; older exporters put it beside.
+    paused_verdict = body.get("aggregate", {}).get("is_scheduler_paused")
+    paused = (paused_verdict or body.get("is_scheduler_paused", {})).get("value") is True
     asleep = "paused" if paused else "asleep"  # is_sleeping is also true while only paused
     verdict = state if state != "consistent" else (asleep if agg.get("value") else "awake")
     head = clean(

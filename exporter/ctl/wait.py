@@ -28,13 +28,17 @@ REQUEST_TIMEOUT_S = 30.0
 def add_wait_command(sub: Any) -> None:
     p = sub.add_parser("wait", help="wait until every engine meets the conditions (GET /gate)")
     p.add_argument("--url", default=DEFAULT_URL, help="the exporter's metrics listener")
-    p.add_argument("--weight-version", default=None, metavar="V")
+    p.add_argument("--weight-version", default=None, metavar="V", help="every engine reports V")
     sleep = p.add_mutually_exclusive_group()
-    sleep.add_argument("--awake", dest="sleeping", action="store_false", default=None)
-    sleep.add_argument("--asleep", dest="sleeping", action="store_true")
+    sleep.add_argument(
+        "--awake", dest="sleeping", action="store_false", default=None, help="no engine sleeps"
+    )
+    sleep.add_argument("--asleep", dest="sleeping", action="store_true", help="every one sleeps")
     pause = p.add_mutually_exclusive_group()
-    pause.add_argument("--resumed", dest="paused", action="store_false", default=None)
-    pause.add_argument("--paused", dest="paused", action="store_true")
+    pause.add_argument(
+        "--resumed", dest="paused", action="store_false", default=None, help="no scheduler paused"
+    )
+    pause.add_argument("--paused", dest="paused", action="store_true", help="every one paused")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--json", action="store_true", help="print the last gate answer as JSON")

@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -124,15 +125,44 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 3.0)
             p.wait()
 
 
+#: Every this many demo resets the demo's trainer also publishes a new weight version and
+#: verifies the weights across ranks, so the weight-version and admin-action panels move.
+WEIGHT_UPDATE_EVERY = 4
+
+
+async def _post(session: aiohttp.ClientSession, url: str, **kwargs: Any) -> int | None:
+    """POST, read the answer, and its status (None when the exporter did not answer)."""
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with session.post(url, **kwargs) as resp:
+            await resp.read()
+            return resp.status
+    return None
+
+
 async def reset_loop(admin_url: str, every_s: float) -> None:
-    """The demo's trainer: a prefix-cache reset every few seconds, so reset metrics move."""
+    """The demo's trainer: a prefix-cache reset every few seconds, and after the first reset
+    that reached the engines and then every ``WEIGHT_UPDATE_EVERY``-th, a new weight version
+    and a verification of the weights across ranks, so the reset, weight-version and action
+    metrics move. Relay mode refuses the weight version (403: a state change beside the front
+    end); the loop stops asking then."""
     timeout = aiohttp.ClientTimeout(total=10)
+    set_versions = True
+    updates = 0
+    since_update = WEIGHT_UPDATE_EVERY
     async with aiohttp.ClientSession(timeout=timeout) as session:
         while True:
             await asyncio.sleep(every_s)
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.post(f"{admin_url}/admin/reset_prefix_cache") as resp:
-                    await resp.read()
+            status = await _post(session, f"{admin_url}/admin/reset_prefix_cache")
+            since_update += 1
+            if status not in (200, 502) or since_update < WEIGHT_UPDATE_EVERY:
+                continue  # 503: no engine connected yet
+            since_update = 0
+            updates += 1
+            if set_versions:
+                version = {"weight_version": f"demo-{updates}"}
+                status = await _post(session, f"{admin_url}/admin/weight_version", json=version)
+                set_versions = status != 403
+            await _post(session, f"{admin_url}/admin/verify_weights")
 
 
 async def serve_demo(

@@ -54,22 +54,7 @@ log = logging.getLogger("exporter.http")
 DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
 #: Utility methods this client maps to a vLLM route (``route``).
-ROUTED_METHODS = frozenset(
-    {
-        "is_sleeping",
-        "is_scheduler_paused",
-        "get_weight_version",
-        "reset_prefix_cache",
-        "reset_mm_cache",
-        "reset_encoder_cache",
-        "sleep",
-        "wake_up",
-        "pause_scheduler",
-        "resume_scheduler",
-        "set_weight_version",
-        "compute_weight_checksums",
-    }
-)
+ROUTED_METHODS = DEFAULT_ALLOWED_METHODS  # every method the exporter may send has a route
 
 Query = list[tuple[str, str]]
 

@@ -32,14 +32,18 @@ MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 NOBLOCK, SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 send_frame = cast(Callable[..., None], zmq.backend.Socket.send)
 recv_frame = cast(Callable[..., zmq.Frame], zmq.backend.Socket.recv)
+get_option = cast(Callable[..., int], zmq.backend.Socket.get)
+EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 def recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
     """The next message's frames, or None when nothing is queued.
 
-    ZMQ's FD is edge-triggered: a reader drains until EAGAIN (which also re-arms the FD), or
-    reschedules itself when it stops early. Frames are received without copy so that ``more``
-    needs no ZMQ_RCVMORE getsockopt."""
+    ZMQ's FD is edge-triggered: a reader drains until nothing is queued (``ZMQ_EVENTS`` without
+    POLLIN, which like EAGAIN re-arms the FD), or reschedules itself when it stops early.
+    ``ZMQ_EVENTS`` is asked before each receive because an EAGAIN costs pyzmq an exception
+    object (``zmq.Again``, several µs: one per engine per call at every size). Frames are
+    received without copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
     received = recv_message_fd(sock)
     return None if received is None else received[0]
 
@@ -47,6 +51,8 @@ def recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
 def recv_message_fd(sock: zmq.Socket[bytes]) -> tuple[list[bytes], int] | None:
     """Like ``recv_message``, plus the file descriptor of the connection it came from
     (``ZMQ_SRCFD``; -1 when unknown), which tells an engine's own connection from a stranger's."""
+    if not get_option(sock, EVENTS) & POLLIN:
+        return None
     try:
         frame = recv_frame(sock, NOBLOCK, copy=False)
     except zmq.Again:

@@ -26,6 +26,11 @@ REQUIRED_METRICS = {
     "vllm_dp_utility_calls_total",
     "vllm_dp_last_poll_timestamp_seconds",
     "vllm_dp_poll_duration_seconds",
+    # RL invariants and admin actions (docs/rl.md)
+    "vllm_dp_engine_weight_version_info",
+    "vllm_dp_weight_version_consistent",
+    "vllm_dp_admin_actions_total",
+    "vllm_dp_admin_action_engine_failures_total",
 }
 
 

@@ -202,6 +202,13 @@ def test_every_dashboard_query_returns_data(stack: dict[str, str]) -> None:
         45,
         "a refused reset",
     )
+    # The per-action failure series appears with its first failure (no zero before it): wait
+    # until Prometheus has two samples of it, as increase() needs.
+    wait_for(
+        lambda: query(stack, "increase(vllm_dp_admin_action_engine_failures_total[5s])"),
+        15,
+        "a refused admin action in two scrapes",
+    )
     # The whole run so far: a series that is legitimately absent at times (the aggregate while
     # the engines disagree) must still have data somewhere in it.
     window = int(time.time() - float(stack["started"])) + 1

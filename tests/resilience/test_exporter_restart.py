@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,40 @@ async def test_case4_restarted_exporter_reattaches_on_fixed_ports(
             await second.stop()
     never_retrieved = [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert not never_retrieved
+
+
+async def test_restarted_owner_remembers_what_engines_registered(tmp_path: Path) -> None:
+    """Engines register their vLLM version once, at their handshake; a restarted exporter on
+    fixed ports with a state file still knows it (vllm_dp_engine_info stays)."""
+    handshake = f"tcp://127.0.0.1:{free_listen_port()}"
+    settings = dict(
+        fixed_base_port=free_port_range(3),
+        handshake_address=handshake,
+        state_file=str(tmp_path / "state.json"),
+        poll_interval=0.1,
+        call_timeout=0.5,
+    )
+    engines = (
+        SimProcess(handshake, 0, "--vllm-version", "0.32.9"),
+        SimProcess(handshake, 1, "--vllm-version", "0.32.9"),
+    )
+    with sim_processes(*engines):
+        first = await start_service(make_config(2, **settings))
+        try:
+            await eventually(lambda: first.client.connected_count() == 2, 10, "handshakes")
+        finally:
+            await first.stop()
+        second = await start_service(make_config(2, **settings))
+        try:
+            await eventually(lambda: second.client.connected_count() == 2, 3, "reattached")
+            await second.next_polls(2)
+            families = await second.scrape()
+            for engine in ("0", "1"):
+                info = metric(
+                    families, "vllm_dp_engine_info", engine=engine, vllm_version="0.32.9"
+                )
+                assert info == 1.0, engine
+            status = await second.status()
+            assert [e["handshakes"] for e in status["engines"]] == [0, 0]
+        finally:
+            await second.stop()

@@ -146,8 +146,9 @@ async def test_ctl_status_table_and_json(fleet_factory: ServiceFactory) -> None:
 
 
 async def test_serve_subprocess_audit_lines_on_stderr(tmp_path: Path) -> None:
-    """The real ``serve`` and ``sim-engine`` processes: one JSON audit line per admin request on
-    stderr, and the token in none of the output."""
+    """The real ``serve`` and ``sim-engine`` processes: one audit record per admin request in
+    the structured log (``--log-format json``: every stderr line one JSON object), and the
+    token in none of the output."""
     token_path = write_token(tmp_path)
     handshake = f"tcp://127.0.0.1:{free_listen_port()}"
     port, admin_port = free_listen_port(), free_listen_port()
@@ -156,6 +157,8 @@ async def test_serve_subprocess_audit_lines_on_stderr(tmp_path: Path) -> None:
             "--log-level",
             "debug",
             "serve",
+            "--log-format",
+            "json",
             "--engine-count",
             "2",
             "--handshake-address",
@@ -220,16 +223,17 @@ async def test_serve_subprocess_audit_lines_on_stderr(tmp_path: Path) -> None:
     text = err.decode()
     audits = []
     for line in text.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event") == "admin_request":
-                audits.append(record)
+        record = json.loads(line)  # every line, audit or not
+        assert {"time", "level", "logger", "message"} <= set(record), record
+        if record.get("event") == "admin_request":
+            audits.append(record)
     assert [a["status"] for a in audits] == [401, 200]
     denied, ok = audits
     assert denied["outcome"] == "unauthorized" and denied["client"] == "127.0.0.1"
     assert ok["outcome"] == "success" and ok["failed_engines"] == []
     assert ok["flags"] == {"reset_running_requests": False, "reset_connector": True}
-    assert time.strptime(ok["time"], "%Y-%m-%dT%H:%M:%SZ")
+    assert ok["logger"] == "exporter.audit" and ok["level"] == "INFO"
+    assert time.strptime(ok["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
     assert isinstance(ok["duration_s"], float)
     assert TOKEN not in text and TOKEN not in out.decode()
     assert "DEBUG" in text  # the debug log was on, and still no token

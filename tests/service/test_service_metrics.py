@@ -235,9 +235,11 @@ async def test_html_page_lists_every_engine(fleet_factory: ServiceFactory) -> No
         assert resp.content_type == "text/html"
         page = await resp.text()
     for engine in ("0", "1", "2"):
-        assert f"<tr><td>{engine}</td><td>awake</td><td>up</td>" in page
+        row = f'<tr data-engine="{engine}" data-up="true"><td>{engine}</td><td class="up">up</td>'
+        assert row + "<td>awake</td>" in page
     assert "llama&lt;3&gt;" in page and "llama<3>" not in page
-    assert 'id="verdict">awake<' in page
+    assert 'id="v-is_sleeping" data-state="consistent"' in page
+    assert "CONSISTENT</strong> <span class=\"detail\">false (awake)</span>" in page
     assert "connected 3/3" in page
 
 

@@ -17,6 +17,7 @@ from exporter.config import resolve_config
 from exporter.fake import FakeFleet, answers
 from exporter.faults import ProtocolErrorTally
 from exporter.fleet import EngineOutcome, Outcome
+from exporter.reset import parse_reset
 from exporter.runtime import Exporter
 from exporter.server import status_json
 from exporter.tasks import supervise
@@ -120,7 +121,7 @@ async def test_admin_reset_is_an_and_with_reasons_and_the_scrape_is_never_stale(
     exporter = make_exporter(reset_fleet({"0": True, "1": False, "2": timeout}))
     admin = AdminController(exporter, audit=lambda record: None)
     before = scrape(exporter)
-    status, body = await admin._reset({"reset_running_requests": False, "reset_connector": False})
+    status, body = await admin._reset(parse_reset({}, b""))
     assert status == 502 and body["outcome"] == "partial_failure"
     assert body["failed_engines"] == [1, 2]
     reasons = {e["engine"]: e["reason"] for e in body["engines"]}
@@ -143,7 +144,7 @@ async def test_admin_reset_with_no_engine_connected_is_503() -> None:
     fleet.disconnected = {"0", "1"}
     exporter = make_exporter(fleet)
     admin = AdminController(exporter, audit=lambda record: None)
-    status, body = await admin._reset({"reset_running_requests": False, "reset_connector": False})
+    status, body = await admin._reset(parse_reset({}, b""))
     assert status == 503 and body["error"] == "no engine is connected"
     assert fleet.calls == []
 

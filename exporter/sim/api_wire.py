@@ -1,0 +1,100 @@
+"""The HTTP envelope of the simulated vLLM API server: JSON answers as Starlette writes them,
+query and body validation with vLLM's 400 envelope, and the errors its routes raise."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from exporter.sim.state import PAUSE_MODES
+
+#: pydantic's boolean strings (what FastAPI accepts for ``bool`` query parameters).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """Starlette's JSONResponse: compact separators, ``content-type: application/json``."""
+    body = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return web.Response(
+        body=body.encode(), status=status, headers=headers, content_type="application/json"
+    )
+
+
+class _BadQuery(Exception):
+    """A FastAPI validation error of one query (``where="query"``) or body field."""
+
+    def __init__(
+        self, name: str | int, raw: Any, kind: str, msg: str, where: str = "query"
+    ) -> None:
+        super().__init__(msg)
+        self.name, self.raw, self.kind, self.msg, self.where = name, raw, kind, msg, where
+
+
+class _EngineError(Exception):
+    """One engine's utility call raised (vLLM: "Call to <method> method failed: <text>")."""
+
+
+class _HttpError(Exception):
+    """A FastAPI ``HTTPException`` raised by a route (vLLM's error envelope, connection kept)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+#: FastAPI's HTTPStatus phrases for the statuses the routes raise.
+_PHRASES = {400: "Bad Request", 409: "Conflict", 500: "Internal Server Error"}
+#: Paths of the RL routes (``entrypoints/rl/online/api_router.py``).
+RL_ROUTES = ("/pause", "/resume", "/is_paused", "/update_weight_version", "/weight_info")
+WEIGHT_CHECKER_ACTIONS = ("checksum", "reset", "compare")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The JSON object body FastAPI's ``Body(embed=True)`` parameters read (else a 400)."""
+    raw = await request.read()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise _BadQuery(0, {}, "json_invalid", "JSON decode error", where="body") from None
+    if not isinstance(data, dict):
+        raise _BadQuery(
+            0, data, "model_attributes_type", "Input should be a valid dictionary", where="body"
+        )
+    return data
+
+
+def _query_mode(request: web.Request) -> str:
+    mode = request.query.get("mode", "abort")
+    if mode not in PAUSE_MODES:
+        raise _BadQuery("mode", mode, "literal_error", "Input should be 'abort', 'wait' or 'keep'")
+    return mode
+
+
+def _query_bool(request: web.Request, name: str, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise _BadQuery(
+        name, raw, "bool_parsing", "Input should be a valid boolean, unable to interpret input"
+    )
+
+
+def _validation_error(exc: _BadQuery) -> dict[str, Any]:
+    """vLLM's RequestValidationError envelope (str() of FastAPI's error list as the message)."""
+    detail = {"type": exc.kind, "loc": (exc.where, exc.name), "msg": exc.msg, "input": exc.raw}
+    return {
+        "error": {
+            "message": f"1 validation error:\n  {detail!r}\n",
+            "type": "Bad Request",
+            "param": f"{exc.where}.{exc.name}",
+            "code": 400,
+        }
+    }
