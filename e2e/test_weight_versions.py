@@ -174,7 +174,7 @@ def test_scenario7a_one_server_with_another_weight_version_then_one_version_ever
     assert (
         scrape.value("vllm_dp_admin_actions_total", action="weight_version", outcome="success") == 1
     )
-    assert scrape.total("vllm_dp_admin_action_engine_failures_total") == 0
+    assert scrape.total("vllm_dp_admin_action_engine_failures_total", action="weight_version") == 0
     for server in http_deployment.servers.values():
         assert "POST /update_weight_version" in server.log_text()
 
@@ -263,7 +263,7 @@ def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
     scrape = exporter.scrape()
     for action in ("weight_version", "pause", "resume"):
         assert scrape.value("vllm_dp_admin_actions_total", action=action, outcome="success") == 1
-    assert scrape.total("vllm_dp_admin_action_engine_failures_total") == 0
+        assert scrape.total("vllm_dp_admin_action_engine_failures_total", action=action) == 0
 
 
 def test_scenario7b_verify_weights_and_cache_resets_on_both_engines(
@@ -279,5 +279,6 @@ def test_scenario7b_verify_weights_and_cache_resets_on_both_engines(
             ("1", True),
         ]
     scrape = exporter.scrape()
-    assert scrape.total("vllm_dp_admin_action_engine_failures_total") == 0
+    for action in ("verify_weights", "reset_mm_cache", "reset_encoder_cache"):
+        assert scrape.total("vllm_dp_admin_action_engine_failures_total", action=action) == 0
     assert_nothing_unsupported(exporter.status())

@@ -245,6 +245,9 @@ class AdminController:
         else:
             status, body = await self._action(request)
         self.exporter.stats.record_last_action(request.action, status, body)
+        # The state may have changed: the gate's shared sample and the last poll are older.
+        self.exporter.gate.invalidate()
+        self.exporter.poller.poll_soon()
         if key is not None and status in STORED_STATUSES:
             self.idempotency.finish(key, Replay(status, body))
         return status, body

@@ -89,7 +89,8 @@ class FleetClient(Protocol):
     def connected_count(self) -> int: ...
 
     def supports(self, method: str) -> bool:
-        """Whether this attach mode can ask ``method`` at all (HTTP has no paused route)."""
+        """Whether this attach mode can ask ``method`` at all (a method without an HTTP route
+        is not asked, or counted, in HTTP mode)."""
         ...
 
     async def start(self) -> None: ...

@@ -162,6 +162,12 @@ class Gate:
         self._last = sample
         return sample
 
+    def invalidate(self) -> None:
+        """Forget the shared sample (an admin action just changed the state): the next caller
+        gets a fan-out that starts after the change, never one started before it."""
+        self._last = None
+        self._inflight = None
+
     async def check(self, conditions: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         if self._client.connected_count() == 0:
             return 503, {

@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import cast
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from exporter.error import EngineUnavailable, HandshakeError, ProtocolError
+from exporter.error import EngineUnavailable, ProtocolError
 from exporter.faults import ProtocolErrorTally
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
@@ -34,11 +34,10 @@ from exporter.protocol import (
     RegistrationInfo,
     decode_engine_outputs,
     decode_registration,
-    engine_identity,
 )
 from exporter.tasks import cancel_and_wait, supervise
 from exporter.transport import sockets
-from exporter.transport.events import EngineLinkView, TransportListener
+from exporter.transport.events import TransportListener
 from exporter.transport.links import (
     DRAIN_BATCH,
     MAX_FRAME_BYTES,
@@ -51,16 +50,14 @@ from exporter.transport.links import (
     recv_message_fd,
     send_frame,
 )
+from exporter.transport.linkstate import CALLABLE, EngineLinks
 from exporter.transport.state_file import read_state, records_of, restore_links, write_state
 
 log = logging.getLogger("exporter.transport")
 
-#: Phases in which the exporter may send to an engine.
-CALLABLE = (Phase.UP, Phase.RESTORED)
 
-
-class EngineDataPlane:
-    """Input and output sockets of every expected engine, and their link state.
+class EngineDataPlane(EngineLinks):
+    """Input and output sockets of every expected engine.
 
     Subclasses run the handshake (``_start_control`` / ``_on_handshake_frames``) and move links
     through ``Phase``; this class routes utility frames and reports outputs, deaths and
@@ -80,14 +77,11 @@ class EngineDataPlane:
         *,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        self.shape = shape
+        super().__init__(shape)
         self._listener = listener
         self._errors = errors
         self._own_context = context is None
         self._ctx = context or zmq.asyncio.Context()
-        self._links = {idx: self._new_link(idx) for idx in shape.engine_indices}
-        self._by_identity = {link.identity: link for link in self._links.values()}
-        self._changed = asyncio.Event()
         self._input: zmq.Socket[bytes] | None = None
         self._readers: list[int] = []
         self._input_check_scheduled = False
@@ -95,10 +89,6 @@ class EngineDataPlane:
         self._handshake: zmq.asyncio.Socket | None = None
         self._handshake_task: asyncio.Task[None] | None = None
         self.input_address = ""
-
-    def _new_link(self, engine_index: int) -> EngineLink:
-        """Subclasses with more per-engine state return a subclass of ``EngineLink``."""
-        return EngineLink(engine_index, engine_identity(engine_index))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -214,78 +204,6 @@ class EngineDataPlane:
 
     async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         """One message on the handshake ROUTER (subclasses)."""
-
-    # -- views -----------------------------------------------------------------------------
-
-    @property
-    def engine_indices(self) -> list[int]:
-        return list(self._links)
-
-    def link_views(self) -> list[EngineLinkView]:
-        return [
-            EngineLinkView(
-                engine_index=link.engine_index,
-                connected=self._connected(link),
-                dead=link.phase is Phase.DEAD,
-                handshakes=link.handshakes,
-                registration=link.registration,
-                output_address=link.output_address,
-                refused=link.refused,
-            )
-            for link in self._links.values()
-        ]
-
-    @staticmethod
-    def _connected(link: EngineLink) -> bool:
-        return link.phase is Phase.UP and link.slot is not None
-
-    def is_callable(self, engine_index: int) -> bool:
-        link = self._links[engine_index]
-        return link.slot is not None and link.phase in CALLABLE
-
-    def client_index(self, engine_index: int) -> int:
-        """The exporter's slot on a callable engine; EngineUnavailable otherwise."""
-        link = self._links[engine_index]
-        if link.slot is None or link.phase not in CALLABLE:
-            raise EngineUnavailable(f"engine {engine_index} is {self._why_not(link)}")
-        return link.slot
-
-    @staticmethod
-    def _why_not(link: EngineLink) -> str:
-        if link.phase is Phase.REFUSED:
-            return f"refused: {link.refused}"
-        if link.phase is Phase.DEAD:
-            return "dead (ENGINE_CORE_DEAD)"
-        if link.phase is Phase.LOST:
-            return "disconnected (its connection closed)"
-        return "not connected"
-
-    def connected_count(self) -> int:
-        return sum(1 for link in self._links.values() if self._connected(link))
-
-    async def wait_connected(self, timeout_s: float, indices: Iterable[int] | None = None) -> None:
-        """Wait until every (given) engine is connected; HandshakeError on timeout."""
-        wanted = list(self._links if indices is None else indices)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            missing = [i for i in wanted if self._links[i].phase is not Phase.UP]
-            if not missing:
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise HandshakeError(
-                    f"engines {missing} did not complete the handshake within {timeout_s:g}s"
-                )
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-
-    # -- state changes -----------------------------------------------------------------------
-
-    def _set_phase(self, link: EngineLink, phase: Phase) -> None:
-        link.phase = phase
-        self._changed.set()
 
     def _refusal(self, link: EngineLink) -> str | None:
         """Hook: why this attach mode cannot serve a handshaken engine (None: it can)."""

@@ -208,3 +208,15 @@ async def test_actions_share_one_flight(rl_fleet: ServiceFactory) -> None:
     assert status == 409 and "sleep" in body["error"]
     status, body = await first
     assert status == 502 and reasons(body) == {0: None, 1: "timeout"}
+
+
+async def test_the_gate_never_answers_from_before_an_action(rl_fleet: ServiceFactory) -> None:
+    """A gate sample taken before an admin action is not reused after it, whatever the
+    minimum interval (the RL script runs the gate right after setting the version)."""
+    svc = await rl_fleet(2, options=SimOptions(weight_version="old"), gate_min_interval=30.0)
+    status, _ = await gate(svc, weight_version="new")
+    assert status == 412
+    status, _ = await post(svc, "weight_version", json={"weight_version": "new"})
+    assert status == 200
+    status, body = await gate(svc, weight_version="new")
+    assert status == 200, body
