@@ -27,7 +27,7 @@ from exporter.aggregate import FleetState, aggregate_consensus
 from exporter.client import EngineCoreClient
 from exporter.config import resolve_config
 from exporter.exposition import render_text
-from exporter.runtime import Exporter
+from exporter.runtime import Exporter, gc_paused
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -209,8 +209,8 @@ async def _poll_cpu(exporter: Exporter, n: int, polls: int) -> PollCpuResult:
 
 
 def _scrape(exporter: Exporter, n: int, iterations: int) -> ScrapeResult:
-    """A /metrics render that misses the cache (collector + text encoder, what the handler runs
-    once per poll) on the snapshot of a real poll."""
+    """A /metrics render that misses the cache (collector + text encoder with garbage
+    collection paused, what the handler runs once per poll) on the snapshot of a real poll."""
     collector = exporter.collector
     body = render_text(collector.families())
     if body != generate_latest(exporter.registry):
@@ -221,7 +221,8 @@ def _scrape(exporter: Exporter, n: int, iterations: int) -> ScrapeResult:
     perf = time.perf_counter
     for _ in range(iterations):
         t0 = perf()
-        render_text(collector.families())
+        with gc_paused():
+            render_text(collector.families())
         samples.append(perf() - t0)
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     return ScrapeResult(

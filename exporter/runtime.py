@@ -7,8 +7,11 @@ the config and everything above it only sees a ``FleetClient``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import gzip
 import logging
+from collections.abc import Iterator
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
@@ -26,6 +29,21 @@ from exporter.stats import Stats
 from exporter.tasks import cancel_and_wait, supervise
 
 log = logging.getLogger("exporter")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage collection during a render: a render allocates a short-lived row per series,
+    which at wide-EP sizes triggers collections that scan the whole heap and nearly double the
+    render (``python -m bench.run``: 78 vs 43 µs per engine at 1,024 engines). The pause lasts
+    one synchronous render; collection resumes right after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Exporter:
@@ -101,16 +119,19 @@ class Exporter:
         cached = self._render_cache.get(key)
         if cached is not None and cached[0] == version:
             return cached[1], cached[2]
-        if fmt == TEXT:
-            # process_* change by themselves: rendered with each new body, so they are as
-            # fresh as the exporter's own state (at most one poll old).
-            body = render_text(self.collector.families()) + generate_latest(self.self_registry)
-        else:
-            body = generate_openmetrics(self.openmetrics_registry)
+        with gc_paused():
+            body = self._render(fmt)
         if use_gzip:
             body = gzip.compress(body, compresslevel=5)
         self._render_cache[key] = (version, body, content_type)
         return body, content_type
+
+    def _render(self, fmt: str) -> bytes:
+        if fmt == TEXT:
+            # process_* change by themselves: rendered with each new body, so they are as
+            # fresh as the exporter's own state (at most one poll old).
+            return render_text(self.collector.families()) + generate_latest(self.self_registry)
+        return generate_openmetrics(self.openmetrics_registry)
 
     def _on_fleet_change(self) -> None:
         """An engine came up or went down: poll now, so the change is published at once."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from tests.harness.artefacts import (
     render_rules,
     tool,
 )
+from tests.harness.prometheus import http_json, start_prometheus, stop, wait_for
 
 #: Template variables replaced the way Grafana would for "All" over a short range.
 GRAFANA_VARS = {
@@ -38,35 +38,6 @@ GRAFANA_VARS = {
     "$instance": ".*",
     "$model_name": ".*",
 }
-
-
-def http_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def wait_for(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:
-            last = exc
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; last: {last!r}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +81,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         "scrape_configs:\n  - job_name: vllm-dp-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
     )
-    prom = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ],
-        cwd=tmp,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    prom = start_prometheus(prometheus, tmp, prom_port)
     try:
         urls = {
             "exporter": f"http://127.0.0.1:{port}",

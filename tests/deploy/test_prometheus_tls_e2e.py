@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from exporter.ports import free_listen_port
-from tests.deploy.test_prometheus_e2e import http_json, stop, wait_for
 from tests.harness.artefacts import ROOT, tool
+from tests.harness.prometheus import http_json, start_prometheus, stop, wait_for
 from tests.harness.tls import PASSWORD, USER, Pki, make_pki, write_web_config
 
 pytestmark = pytest.mark.slow
@@ -80,18 +80,7 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         f"  - job_name: no-basic-auth\n{tls}{client_cert}{target}"
         f"  - job_name: no-client-cert\n{tls}{auth}{target}"
     )
-    prom = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ],
-        cwd=tmp,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    prom = start_prometheus(prometheus, tmp, prom_port)
     try:
         yield {"prometheus": f"http://127.0.0.1:{prom_port}"}
     finally:
