@@ -18,10 +18,9 @@ from collections.abc import Callable
 
 from prometheus_client.exposition import generate_latest
 
-from exporter.config import resolve_config
+from bench.fleet import polled_exporter
 from exporter.exposition import render_text
-from exporter.fake import FakeFleet
-from exporter.runtime import Exporter, gc_paused
+from exporter.runtime import gc_paused
 
 SIZES = (64, 256, 1024)
 ROUNDS = 20
@@ -40,17 +39,7 @@ async def measure(sizes: tuple[int, ...] = SIZES) -> list[tuple[int, float, floa
     ballast = [{"i": i, "l": [i]} for i in range(300_000)]  # a long-running process's heap
     rows = []
     for n in sizes:
-        fleet = FakeFleet(lambda engine, method, args: False, engines=[str(i) for i in range(n)])
-        config = resolve_config(
-            None,
-            environ={},
-            attach="owner",
-            engine_count=n,
-            handshake_address="tcp://127.0.0.1:1",
-            admin_listen="off",
-        )
-        exporter = Exporter(config, client=fleet)
-        await exporter.poller.poll_once()
+        exporter = await polled_exporter(n, lambda engine, method, args: False)
         lean = per_call_ms(lambda e=exporter: render_text(e.collector.families()))  # type: ignore[misc]
         with gc_paused():
             paused = per_call_ms(lambda e=exporter: render_text(e.collector.families()))  # type: ignore[misc]

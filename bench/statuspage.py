@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.config import resolve_config
-from exporter.fake import FakeFleet
+from bench.fleet import polled_exporter
 from exporter.fleet import EngineOutcome, Outcome
 from exporter.runtime import Exporter
 from exporter.statusdoc import status_json
@@ -50,18 +49,8 @@ def _handler(engine: str, method: str, args: tuple[Any, ...]) -> Any:
 
 
 async def _exporter(n: int) -> Exporter:
-    config = resolve_config(
-        None,
-        environ={},
-        attach="owner",
-        engine_count=n,
-        handshake_address="tcp://127.0.0.1:1",
-        admin_listen="off",
-        model_name="bench-model",
-    )
     logging.getLogger("exporter.poller").setLevel(logging.ERROR)  # the inconsistency warning
-    exporter = Exporter(config, client=FakeFleet(_handler, engines=[str(i) for i in range(n)]))
-    await exporter.poller.poll_once()
+    exporter = await polled_exporter(n, _handler, model_name="bench-model")
     now = time.time()
     history = exporter.poller.history
     for i in range(history.capacity, 0, -1):
