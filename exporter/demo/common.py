@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from exporter.config import ServeConfig
+from exporter.config import ServeConfig, resolve_config
 
 log = logging.getLogger("exporter.demo")
 
@@ -196,3 +196,18 @@ async def serve_demo(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def demo_config(options: DemoOptions, **attach: Any) -> ServeConfig:
+    """The exporter's config for a demo: the options' listeners and timings, resets as often
+    as the demo asks, and the attach mode's own settings (``attach``)."""
+    return resolve_config(
+        None,
+        listen=options.listen,
+        admin_listen=options.admin_listen,
+        poll_interval=options.poll_interval,
+        call_timeout=options.call_timeout,
+        reset_min_interval=0.0,
+        model_name=options.model_name,
+        **attach,
+    )

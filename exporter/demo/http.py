@@ -14,8 +14,7 @@ import contextlib
 
 from aiohttp import web
 
-from exporter.config import resolve_config
-from exporter.demo.common import DemoOptions, serve_demo
+from exporter.demo.common import DemoOptions, demo_config, serve_demo
 from exporter.sim.api_server import ApiServerOptions, start_api_server
 
 MAX_NODES = 3
@@ -67,17 +66,7 @@ async def run_http_demo(options: DemoOptions, stop: asyncio.Event | None = None)
     engines = options.engines
     runners, targets = await start_nodes(engines, options.story_period)
     try:
-        config = resolve_config(
-            None,
-            attach="http",
-            http_target=tuple(targets),
-            listen=options.listen,
-            admin_listen=options.admin_listen,
-            poll_interval=options.poll_interval,
-            call_timeout=options.call_timeout,
-            reset_min_interval=0.0,
-            model_name=options.model_name,
-        )
+        config = demo_config(options, attach="http", http_target=tuple(targets))
         headline = [
             f"vllm-dp-exporter demo (attach http): {engines} simulated engines behind "
             f"{len(targets)} simulated vLLM API servers",

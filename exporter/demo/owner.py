@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter.config import resolve_config
-from exporter.demo.common import DemoOptions, serve_demo, spawn_engines, stop_processes
+from exporter.demo.common import DemoOptions, demo_config, serve_demo, spawn_engines, stop_processes
 from exporter.ports import free_listen_port
 
 
 async def run_owner_demo(options: DemoOptions, stop: asyncio.Event | None = None) -> int:
     """Serve the exporter (attach=owner) against simulated engine processes until stopped."""
     handshake = options.handshake_address or f"tcp://127.0.0.1:{free_listen_port()}"
-    config = resolve_config(
-        None,
-        attach="owner",
-        engine_count=options.engines,
-        handshake_address=handshake,
-        listen=options.listen,
-        admin_listen=options.admin_listen,
-        poll_interval=options.poll_interval,
-        call_timeout=options.call_timeout,
-        reset_min_interval=0.0,
-        model_name=options.model_name,
+    config = demo_config(
+        options, attach="owner", engine_count=options.engines, handshake_address=handshake
     )
     procs = spawn_engines(handshake, options.engines, options.story_period)
     headline = [f"vllm-dp-exporter demo: {options.engines} simulated engines on {handshake}"]

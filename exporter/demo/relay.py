@@ -13,8 +13,7 @@ import asyncio
 import contextlib
 import logging
 
-from exporter.config import resolve_config
-from exporter.demo.common import DemoOptions, serve_demo, spawn_engines, stop_processes
+from exporter.demo.common import DemoOptions, demo_config, serve_demo, spawn_engines, stop_processes
 from exporter.ports import free_listen_port
 from exporter.sim.frontend import SimFrontend
 
@@ -43,18 +42,12 @@ async def run_relay_demo(options: DemoOptions, stop: asyncio.Event | None = None
     engines = options.engines
     frontend_address = f"tcp://127.0.0.1:{free_listen_port()}"
     relay_address = f"tcp://127.0.0.1:{free_listen_port()}"
-    config = resolve_config(
-        None,
+    config = demo_config(
+        options,
         attach="relay",
         engine_count=engines,
         handshake_address=relay_address,
         upstream_handshake_address=frontend_address,
-        listen=options.listen,
-        admin_listen=options.admin_listen,
-        poll_interval=options.poll_interval,
-        call_timeout=options.call_timeout,
-        reset_min_interval=0.0,
-        model_name=options.model_name,
     )
     frontend = SimFrontend(
         frontend_address, engines, call_period_s=1.0, call_timeout_s=options.call_timeout

@@ -27,7 +27,13 @@ from tests.harness.artefacts import (
     render_rules,
     tool,
 )
-from tests.harness.prometheus import http_json, start_prometheus, stop, wait_for
+from tests.harness.prometheus import (
+    http_json,
+    instant_query,
+    start_prometheus,
+    stop,
+    wait_for,
+)
 
 #: Template variables replaced the way Grafana would for "All" over a short range.
 GRAFANA_VARS = {
@@ -100,10 +106,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
 
 def query(urls: dict[str, str], expr: str) -> list[Any]:
-    q = urllib.parse.urlencode({"query": expr})
-    body = http_json(f"{urls['prometheus']}/api/v1/query?{q}")
-    assert body["status"] == "success", body
-    return list(body["data"]["result"])
+    return instant_query(urls["prometheus"], expr)
 
 
 def query_range(urls: dict[str, str], expr: str, seconds: int) -> list[Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,13 @@ import pytest
 
 from exporter.ports import free_listen_port
 from tests.harness.artefacts import ROOT, tool
-from tests.harness.prometheus import http_json, start_prometheus, stop, wait_for
+from tests.harness.prometheus import (
+    http_json,
+    instant_query,
+    start_prometheus,
+    stop,
+    wait_for,
+)
 from tests.harness.tls import PASSWORD, USER, Pki, make_pki, write_web_config
 
 pytestmark = pytest.mark.slow
@@ -90,10 +95,7 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 def query(stack: dict[str, str], expr: str) -> list[Any]:
-    q = urllib.parse.urlencode({"query": expr})
-    body = http_json(f"{stack['prometheus']}/api/v1/query?{q}")
-    assert body["status"] == "success", body
-    return list(body["data"]["result"])
+    return instant_query(stack["prometheus"], expr)
 
 
 def targets(stack: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -56,3 +57,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def instant_query(prometheus: str, expr: str) -> list[Any]:
+    """The result vector of an instant query against the Prometheus at ``prometheus``."""
+    q = urllib.parse.urlencode({"query": expr})
+    body = http_json(f"{prometheus}/api/v1/query?{q}")
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])

@@ -99,16 +99,22 @@ async def _service(service_factory: ServiceFactory, tmp_path: Path, **overrides:
     return svc
 
 
+async def _ready_admin(service_factory: ServiceFactory, admin_for: Any, tmp_path: Path) -> Admin:
+    """The admin app of a token-protected service with both engines up."""
+    svc = await _service(service_factory, tmp_path)
+    await svc.start_engines()
+    await svc.ready()
+    admin: Admin = await admin_for(svc)
+    return admin
+
+
 # -- item 5: failed tokens are throttled per source; a correct token always passes ------------
 
 
 async def test_item5_wrong_tokens_never_lock_out_the_right_token(
     service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
 ) -> None:
-    svc = await _service(service_factory, tmp_path)
-    await svc.start_engines()
-    await svc.ready()
-    admin = await admin_for(svc)
+    admin = await _ready_admin(service_factory, admin_for, tmp_path)
 
     # A stranger guesses: five 401s, then 429s for that address only.
     statuses = [(await admin.post(source=ATTACKER, token=f"guess-{i}"))[0] for i in range(8)]
@@ -195,10 +201,7 @@ async def test_item7_non_utf8_bearer_token_is_401_audited_and_counted(
 async def test_item9_reused_key_with_other_flags_is_422(
     service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
 ) -> None:
-    svc = await _service(service_factory, tmp_path)
-    await svc.start_engines()
-    await svc.ready()
-    admin = await admin_for(svc)
+    admin = await _ready_admin(service_factory, admin_for, tmp_path)
     key = {"Idempotency-Key": "step-7"}
     first = await admin.post(headers=key)
     assert first[0] == 200
@@ -297,10 +300,7 @@ async def _chunks(total: int, size: int = 64 * 1024) -> AsyncIterator[bytes]:
 async def test_item12_chunked_bodies_are_held_to_the_limit(
     service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
 ) -> None:
-    svc = await _service(service_factory, tmp_path)
-    await svc.start_engines()
-    await svc.ready()
-    admin = await admin_for(svc)
+    admin = await _ready_admin(service_factory, admin_for, tmp_path)
     # A chunked body just over the limit, and a large one: 413, no reset.
     for total in (MAX_ADMIN_BODY + 1, 256 * 1024):
         status, body, _ = await admin.post(data=_chunks(total, size=700))
