@@ -12,6 +12,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 #: Read-only methods: the poller and the gate send only these.
 READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
 #: State-changing and expensive methods: sent only by an operator's admin request.
@@ -48,9 +50,12 @@ class Outcome(str, enum.Enum):
     INCONSISTENT = "inconsistent"  # an HTTP target whose own engines disagreed
 
 
-@dataclass(frozen=True, slots=True)
-class EngineOutcome:
-    """One engine's (or HTTP target's) outcome for one call."""
+class EngineOutcome(msgspec.Struct, frozen=True):
+    """One engine's (or HTTP target's) outcome for one call.
+
+    A frozen ``msgspec.Struct`` rather than a frozen dataclass: one is built per engine per
+    call, and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) costs
+    several times a Struct's (``python -m bench.hotpath``)."""
 
     engine: str
     outcome: Outcome

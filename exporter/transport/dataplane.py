@@ -129,16 +129,17 @@ class EngineDataPlane(EngineLinks):
         self._watch(self._input, self._drain_input)
         for link in self._links.values():
             assert link.pull is not None and link.monitor is not None
-            self._watch(link.pull, lambda link=link: self._drain_output(link))  # type: ignore[misc]
-            self._watch(link.monitor, lambda link=link: self._drain_monitor(link))  # type: ignore[misc]
+            self._watch(link.pull, self._drain_output, link, True)
+            self._watch(link.monitor, self._drain_monitor, link)
 
-    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[[], None]) -> None:
-        """Drain ``sock`` whenever its (edge-triggered) FD signals, and once now."""
+    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[..., None], *args: object) -> None:
+        """Call ``drain(*args)`` whenever the socket's (edge-triggered) FD signals, and once
+        now (a bound method with arguments: no closure frame per wake-up on the hot path)."""
         assert self._loop is not None
         fd = cast(int, sock.getsockopt(zmq.FD))
-        self._loop.add_reader(fd, drain)
+        self._loop.add_reader(fd, drain, *args)
         self._readers.append(fd)
-        self._loop.call_soon(drain)
+        self._loop.call_soon(drain, *args)
 
     async def close(self) -> None:
         """Stop receiving and close every socket with linger 0."""
@@ -323,10 +324,14 @@ class EngineDataPlane(EngineLinks):
             self._errors.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
         self._maybe_up(link)
 
-    def _drain_output(self, link: EngineLink) -> None:
+    def _drain_output(self, link: EngineLink, woken: bool = False) -> None:
+        """Handle what the engine's output socket has queued (``woken``: its FD signalled,
+        so the first receive skips the ``ZMQ_EVENTS`` probe)."""
         sock = link.pull
+        probe = not woken
         for _ in range(DRAIN_BATCH):
-            received = recv_message_fd(sock) if sock is not None else None
+            received = recv_message_fd(sock, probe=probe) if sock is not None else None
+            probe = True
             if received is None:
                 return
             frames, fd = received
