@@ -18,7 +18,6 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.inprocess import percentile
 from bench.procs import (
     engine_fleet,
     free_address,
@@ -28,6 +27,7 @@ from bench.procs import (
     stop_process,
     wait_ready,
 )
+from bench.tail import percentile
 
 ENGINES = 2
 FLOOD_ENGINE = 1

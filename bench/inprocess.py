@@ -10,10 +10,9 @@ engine with the other; the two sides run in alternating batches to spread machin
 from __future__ import annotations
 
 import gzip
-import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +22,12 @@ from prometheus_client.exposition import generate_latest
 from bench.floor import FloorClient, consensus
 from bench.procs import engine_fleet, free_address
 from bench.profiling import Profile, profile_async, profile_sync
+from bench.tail import CallSample, GcClock, Tail, percentile, tail_of
 from exporter.aggregate import FleetState, aggregate_consensus
 from exporter.client import EngineCoreClient
 from exporter.config import resolve_config
 from exporter.exposition import render_text
 from exporter.runtime import Exporter, gc_paused
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(samples)
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
 
 
 @dataclass
@@ -47,6 +40,8 @@ class LatencyResult:
     floor_p99: float
     exporter_cpu_per_call: float
     floor_cpu_per_call: float
+    exporter_tail: Tail | None = None
+    floor_tail: Tail | None = None
 
     @property
     def ratio_p50(self) -> float:
@@ -163,35 +158,46 @@ async def _latency(
         consensus(floor.call("is_sleeping", timeout))
     total = plan.latency_calls(n)
     per_round = max(1, total // plan.rounds)
-    exp: list[float] = []
-    flo: list[float] = []
+    exp: list[CallSample] = []
+    flo: list[CallSample] = []
     exp_cpu = flo_cpu = 0.0
     perf, cpu = time.perf_counter, time.process_time
-    for r in range(plan.rounds):
-        order = ("exporter", "floor") if r % 2 == 0 else ("floor", "exporter")
-        for side in order:
-            c0 = cpu()
-            if side == "exporter":
-                for _ in range(per_round):
-                    t0 = perf()
-                    await aggregated_call(client, timeout)
-                    exp.append(perf() - t0)
-                exp_cpu += cpu() - c0
+
+    async def exporter_call() -> None:
+        await aggregated_call(client, timeout)
+
+    async def floor_call() -> None:
+        consensus(floor.call("is_sleeping", timeout))
+
+    with GcClock() as gc_clock:
+
+        async def batch(call: Callable[[], Awaitable[None]], samples: list[CallSample]) -> float:
+            c_batch = cpu()
+            for _ in range(per_round):
+                t0, c0, g0 = perf(), cpu(), gc_clock.total_s
+                await call()
+                samples.append(CallSample(perf() - t0, cpu() - c0, gc_clock.total_s - g0))
+            return cpu() - c_batch
+
+        for r in range(plan.rounds):
+            if r % 2 == 0:
+                exp_cpu += await batch(exporter_call, exp)
+                flo_cpu += await batch(floor_call, flo)
             else:
-                for _ in range(per_round):
-                    t0 = perf()
-                    consensus(floor.call("is_sleeping", timeout))
-                    flo.append(perf() - t0)
-                flo_cpu += cpu() - c0
+                flo_cpu += await batch(floor_call, flo)
+                exp_cpu += await batch(exporter_call, exp)
+    exp_wall, flo_wall = [s.wall_s for s in exp], [s.wall_s for s in flo]
     return LatencyResult(
         n=n,
         calls=len(exp),
-        exporter_p50=percentile(exp, 50),
-        exporter_p99=percentile(exp, 99),
-        floor_p50=percentile(flo, 50),
-        floor_p99=percentile(flo, 99),
+        exporter_p50=percentile(exp_wall, 50),
+        exporter_p99=percentile(exp_wall, 99),
+        floor_p50=percentile(flo_wall, 50),
+        floor_p99=percentile(flo_wall, 99),
         exporter_cpu_per_call=exp_cpu / len(exp),
         floor_cpu_per_call=flo_cpu / len(flo),
+        exporter_tail=tail_of(exp),
+        floor_tail=tail_of(flo),
     )
 
 

@@ -58,6 +58,8 @@ def _git_revision() -> str:
 def machine_lines() -> list[str]:
     import zmq
 
+    from exporter.eventloop import resolve_event_loop
+
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
         f"- CPU: {cpu_model()}, {os.cpu_count()} logical cores",
@@ -65,7 +67,9 @@ def machine_lines() -> list[str]:
         f"- Python {platform.python_version()} ({sys.implementation.name})",
         f"- pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgspec {_version('msgspec')}, "
         f"prometheus-client {_version('prometheus-client')}, aiohttp {_version('aiohttp')}, "
-        f"pyinstrument {_version('pyinstrument')}",
+        f"pyinstrument {_version('pyinstrument')}, uvloop {_version('uvloop')}",
+        f"- event loop (in-process tables and `serve`, `--event-loop auto`): "
+        f"{resolve_event_loop('auto')}",
         f"- git revision: {_git_revision()}",
         f"- load average at start (1/5/15 min): {load}",
     ]
@@ -190,6 +194,7 @@ def render(report: Report) -> str:
     out += _comparison(report)
     out += _scale_goals(report)
     out += _latency_table(report)
+    out += _tail_table(report)
     out += _scrape_table(report)
     out += _cpu_tables(report)
     out += _memory_table(report)
@@ -311,6 +316,38 @@ def _latency_table(report: Report) -> list[str]:
             f"Goal: p50 within 1.3x of the floor at N=64 — {at64.ratio_p50:.2f}x, "
             f"{_goal(at64.ratio_p50 <= 1.3)}.",
         ]
+    return [*out, ""]
+
+
+def _tail_table(report: Report) -> list[str]:
+    rows = [s.latency for s in report.sizes if s.latency.exporter_tail is not None]
+    if not rows:
+        return []
+    out = [
+        "### 1b. Where the p99 goes",
+        "",
+        "`bench/tail.py`: every call of table 1 timed for wall, process CPU (all threads) and "
+        "garbage collection (`gc.callbacks`). *Tail* = the calls at or above the p99 wall time. "
+        "CPU beyond the median call's is work (per-reply processing, a loop turn that batched "
+        "more); wall beyond the median that is not CPU was waiting, for the engines (one "
+        "simulated-engine process answers its engines one after the other) or the scheduler.",
+        "",
+        "| N | side | p50 | p99 | CPU, median call | CPU, tail calls | GC, tail calls "
+        "| tail calls with a collection | GC, all calls | tail: work / waiting |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        for side, t in (("exporter", r.exporter_tail), ("floor", r.floor_tail)):
+            if t is None:
+                continue
+            excess = t.wall_excess_s
+            work = min(t.cpu_excess_s, excess)
+            split = f"{_ms(work)} / {_ms(excess - work)}" if excess > 0 else "no tail"
+            out.append(
+                f"| {r.n} | {side} | {_ms(t.p50_wall_s)} | {_ms(t.p99_wall_s)} "
+                f"| {_us(t.median_cpu_s)} | {_us(t.tail_cpu_s)} | {_us(t.tail_gc_s)} "
+                f"| {t.tail_with_gc:.0%} | {_us(t.all_gc_s)} | {split} |"
+            )
     return [*out, ""]
 
 

@@ -12,7 +12,6 @@ itself: adds a before/after table from the results embedded at the end of that r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import sys
@@ -28,6 +27,7 @@ from bench.procs import engine_processes_for
 from bench.report import Report, machine_lines, read_baseline, render
 from bench.service import flapping_memory, serve_cpu_and_admin, serve_rss
 from bench.statuspage import bench_section, insert_section
+from exporter import eventloop
 
 DEFAULT_SIZES = (1, 8, 64, 256, 1024)
 QUICK_SIZES = (1, 2)
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace, log_dir: Path) -> Report:
         processes = engine_processes_for(n)
         _log(f"in-process: N={n} ({processes} engine processes per side)")
         try:
-            report.sizes.append(asyncio.run(measure_size(n, processes, plan, log_dir)))
+            # On the loop `serve` runs on (uvloop when installed): exporter/eventloop.py.
+            report.sizes.append(eventloop.run(measure_size(n, processes, plan, log_dir)))
         except Exception as exc:
             report.errors.append(f"in-process N={n}: {exc!r}")
             traceback.print_exc()

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.inprocess import percentile
 from bench.procs import (
     EngineFleet,
     engine_fleet,
@@ -27,6 +26,7 @@ from bench.procs import (
     stop_process,
     wait_ready,
 )
+from bench.tail import percentile
 
 
 @dataclass

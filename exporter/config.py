@@ -30,6 +30,7 @@ from exporter.config_rules import (
     unknown_env,
 )
 from exporter.error import ConfigError
+from exporter.eventloop import event_loop_value, resolve_event_loop
 from exporter.logs import (
     DEFAULT_FORMAT,
     DEFAULT_LEVEL,
@@ -92,6 +93,7 @@ class ServeConfig:
     web_config_file: str | None = None
     log_level: str = DEFAULT_LEVEL
     log_format: str = DEFAULT_FORMAT
+    event_loop: str = "auto"
     admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
     web: WebConfig | None = field(default=None, repr=False)  # loaded from web_config_file
 
@@ -173,6 +175,7 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ),
     ("log_level", log_level_value, "log level"),
     ("log_format", log_format_value, "log format"),
+    ("event_loop", event_loop_value, "auto (uvloop when installed), uvloop, or asyncio"),
     ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
 )
 #: Set on the command line by ``exporter.logs.add_logging_arguments`` (any subcommand).
@@ -323,6 +326,11 @@ def validate(config: ServeConfig) -> ServeConfig:
             logging_values[name] = convert(getattr(c, name))
         except ValueError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
+    try:
+        event_loop = event_loop_value(c.event_loop)
+    except ValueError as exc:
+        raise ConfigError(f"{flag('event_loop')}: {exc}") from None
+    resolve_event_loop(event_loop)  # uvloop asked for but not installed: one line, exit 2
     web = load_web_config(c.web_config_file) if c.web_config_file else None
     admin = c.admin_host_port
     token = (
@@ -334,4 +342,6 @@ def validate(config: ServeConfig) -> ServeConfig:
             "a token: set --admin-token-file, or bind --admin-listen to 127.0.0.1"
         )
     values = {f.name: getattr(c, f.name) for f in fields(c)}
-    return ServeConfig(**{**values, **logging_values, "admin_token": token, "web": web})
+    return ServeConfig(
+        **{**values, **logging_values, "event_loop": event_loop, "admin_token": token, "web": web}
+    )

@@ -11,6 +11,7 @@ import sys
 import zmq
 from aiohttp import web
 
+from exporter import eventloop
 from exporter.config import ServeConfig, env_warnings, resolve_config
 from exporter.error import ConfigError, ExporterError
 from exporter.httpguard import guarded_runner
@@ -40,7 +41,14 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
             raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
         # Logged once everything is bound: a failed start prints its one error line only.
         scheme = "https" if tls is not None else "http"
-        log.info("serving /metrics on %s://%s:%d (attach=%s)", scheme, host, port, config.attach)
+        log.info(
+            "serving /metrics on %s://%s:%d (attach=%s, event loop %s)",
+            scheme,
+            host,
+            port,
+            config.attach,
+            eventloop.running_loop_name(),
+        )
         if config.web is not None:
             log.info(
                 "web config %s: TLS %s (client certificates: %s), basic auth %s",
@@ -72,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # The config file and environment may set the log level and format too.
     configure_logging(config.log_level, config.log_format)
     try:
-        asyncio.run(serve(config))
+        eventloop.run(serve(config), config.event_loop)
     except (ConfigError, StartupError) as exc:
         print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
         return 2

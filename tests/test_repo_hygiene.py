@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "exporter.checksums",
         "exporter.logs",
         "exporter.webconfig",
+        "exporter.eventloop",
     },
     {"exporter.tasks", "exporter.protocol", "exporter.fleet", "exporter.config"},
     {

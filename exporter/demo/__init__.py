@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 
+from exporter import eventloop
 from exporter.demo.common import DemoOptions, add_demo_arguments
 
 __all__ = ["DemoOptions", "add_demo_arguments", "run_demo", "run_demo_async"]
@@ -38,4 +39,4 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.engines < 1:
         print("vllm-dp-exporter demo: --engines must be at least 1", file=sys.stderr)
         return 2
-    return asyncio.run(run_demo_async(DemoOptions.from_args(args)))
+    return eventloop.run(run_demo_async(DemoOptions.from_args(args)))

@@ -4,6 +4,7 @@ table. Never a timing assertion: the numbers of a quick run on a shared machine 
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.flood import sample_sum
-from bench.inprocess import percentile
+from bench.hotpath import measure as measure_hotpath
 from bench.procs import metric_value, split_counts
+from bench.tail import CallSample, GcClock, percentile, tail_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,6 +80,7 @@ def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
         "## Machine",
         "## Command",
         "## 1. Aggregated `is_sleeping` latency",
+        "### 1b. Where the p99 goes",
         "## 2. Scrape",
         "## 3. Poller CPU",
         "### 3b. CPU share",
@@ -93,7 +96,44 @@ def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
     latency = text.split("## 1.", 1)[1].split("## 2.", 1)[0]
     for n in (1, 2):
         assert f"\n| {n} | 1 | " in latency, f"no latency row for N={n}"
+        for side in ("exporter", "floor"):
+            assert f"\n| {n} | {side} | " in latency, f"no p99 tail row for N={n}, {side}"
+    assert "event loop (in-process tables and `serve`, `--event-loop auto`): uvloop" in text
     flood = text.split("## 6.", 1)[1].split("## Profile", 1)[0]
     assert "python -m bench.flood" in flood
     assert "| yes (engine 0: 1, engine 1: 1) |" in flood, flood  # quick run: a 2 s flood
     assert "python -m bench.run --quick" in text.replace(Path(sys.executable).name, "python")
+
+
+def test_tail_separates_waiting_from_work() -> None:
+    """98 median calls, one slow call that only waited, one slow call that worked and collected:
+    the tail (at or above p99) is those two, with their mean CPU and GC against the median."""
+    samples = [CallSample(0.010, 0.005, 0.0) for _ in range(98)]
+    samples += [CallSample(0.030, 0.005, 0.0), CallSample(0.040, 0.009, 0.002)]
+    tail = tail_of(samples)
+    assert (tail.calls, tail.tail_calls) == (100, 2)
+    assert (tail.p50_wall_s, tail.p99_wall_s) == (0.010, 0.030)
+    assert tail.median_cpu_s == 0.005
+    assert tail.tail_cpu_s == pytest.approx(0.007)
+    assert tail.cpu_excess_s == pytest.approx(0.002)
+    assert tail.wall_excess_s == pytest.approx(0.020)
+    assert tail.tail_gc_s == pytest.approx(0.001)
+    assert tail.tail_with_gc == 0.5
+    with pytest.raises(ValueError):
+        tail_of([])
+
+
+def test_gc_clock_times_real_collections() -> None:
+    with GcClock() as clock:
+        gc.collect()
+    assert clock.collections >= 1 and clock.total_s > 0
+    before = clock.collections
+    gc.collect()  # uninstalled: no longer counted
+    assert clock.collections == before
+
+
+def test_hotpath_measures_every_piece() -> None:
+    """``python -m bench.hotpath``'s rows, over real sockets (a few hundred operations)."""
+    rows = dict(measure_hotpath(300))
+    assert len(rows) == 6
+    assert all(us > 0 for us in rows.values()), rows
