@@ -25,6 +25,7 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT arrives). A failure to start (a port in
     use, a host that cannot be bound) raises ``StartupError`` with a one-line message."""
     stop = stop or asyncio.Event()
+    log.debug("configuration: %r", config)  # secrets are repr=False: never logged
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
