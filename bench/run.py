@@ -47,6 +47,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--skip-flood", action="store_true", help="no output-address flood section")
     p.add_argument(
+        "--event-loop",
+        default="auto",
+        type=eventloop.event_loop_value,
+        help="loop of the in-process tables 1-3: auto (uvloop when installed, as `serve`), "
+        "uvloop or asyncio; `serve` subprocesses keep their default",
+    )
+    p.add_argument(
         "--flood-seconds",
         type=float,
         metavar="S",
@@ -99,15 +106,16 @@ def run(args: argparse.Namespace, log_dir: Path) -> Report:
         command=f"{Path(sys.executable).name} -m bench.run {argv}".rstrip()
         + ("" if argv else "    # = make bench"),
         quick=quick,
-        machine=machine_lines(),
+        machine=machine_lines(args.event_loop),
     )
     plan = make_plan(sizes, quick)
     for n in sizes:
         processes = engine_processes_for(n)
         _log(f"in-process: N={n} ({processes} engine processes per side)")
         try:
-            # On the loop `serve` runs on (uvloop when installed): exporter/eventloop.py.
-            report.sizes.append(eventloop.run(measure_size(n, processes, plan, log_dir)))
+            # By default on the loop `serve` runs on (uvloop when installed).
+            measured = eventloop.run(measure_size(n, processes, plan, log_dir), args.event_loop)
+            report.sizes.append(measured)
         except Exception as exc:
             report.errors.append(f"in-process N={n}: {exc!r}")
             traceback.print_exc()

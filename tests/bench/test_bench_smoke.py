@@ -98,7 +98,7 @@ def test_quick_bench_writes_every_table(tmp_path: Path) -> None:
         assert f"\n| {n} | 1 | " in latency, f"no latency row for N={n}"
         for side in ("exporter", "floor"):
             assert f"\n| {n} | {side} | " in latency, f"no p99 tail row for N={n}, {side}"
-    assert "event loop (in-process tables and `serve`, `--event-loop auto`): uvloop" in text
+    assert "event loop of the in-process tables (`--event-loop auto`): uvloop" in text
     flood = text.split("## 6.", 1)[1].split("## Profile", 1)[0]
     assert "python -m bench.flood" in flood
     assert "| yes (engine 0: 1, engine 1: 1) |" in flood, flood  # quick run: a 2 s flood
