@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from exporter.admin import ADMIN_SHUTDOWN_KEY, MAX_ADMIN_BODY, RESET_PATH, create_admin_app
+from exporter.admin import MAX_ADMIN_BODY, RESET_PATH
 from exporter.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
 from exporter.sim.engine import SimOptions
 from tests.harness.service import Service, ServiceFactory
@@ -66,45 +65,41 @@ class Admin:
         return [e.calls_by_method.get("reset_prefix_cache", 0) for e in self.service.engines]
 
 
-@pytest.fixture
-async def admin_for() -> AsyncIterator[Any]:
-    """``await admin_for(service)`` → an ``Admin`` served until the end of the test."""
-    made: list[tuple[Admin, web.AppRunner]] = []
+AdminFactory = Callable[..., Awaitable[Admin]]
 
-    async def build(service: Service) -> Admin:
+
+@pytest.fixture
+async def admin_service(
+    service_factory: ServiceFactory, tmp_path: Path
+) -> AsyncIterator[AdminFactory]:
+    """``await admin_service(**config)`` → the ``Admin`` of a token-protected two-engine
+    service (engines not started), served by the harness with an audit sink into
+    ``Admin.records`` (``start_service(config, audit=...)``)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    made: list[Admin] = []
+
+    async def build(**overrides: Any) -> Admin:
         records: list[dict[str, Any]] = []
-        app = create_admin_app(service.exporter, audit=records.append)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        admin = Admin(f"http://127.0.0.1:{runner.addresses[0][1]}", service, records)
-        made.append((admin, runner))
+        svc = await service_factory(
+            2, admin_token_file=str(token_file), audit=records.append, **overrides
+        )
+        assert svc.admin_url is not None
+        admin = Admin(svc.admin_url, svc, records)
+        made.append(admin)
         return admin
 
     yield build
-    for admin, runner in made:
+    for admin in made:
         for session in admin.sessions.values():
             await session.close()
-        await runner.app[ADMIN_SHUTDOWN_KEY]()
-        await runner.cleanup()
 
 
-async def _service(service_factory: ServiceFactory, tmp_path: Path, **overrides: Any) -> Service:
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    svc = await service_factory(
-        2, admin_listen="off", admin_token_file=str(token_file), **overrides
-    )
-    return svc
-
-
-async def _ready_admin(service_factory: ServiceFactory, admin_for: Any, tmp_path: Path) -> Admin:
+async def _ready_admin(admin_service: AdminFactory) -> Admin:
     """The admin app of a token-protected service with both engines up."""
-    svc = await _service(service_factory, tmp_path)
-    await svc.start_engines()
-    await svc.ready()
-    admin: Admin = await admin_for(svc)
+    admin = await admin_service()
+    await admin.service.start_engines()
+    await admin.service.ready()
     return admin
 
 
@@ -112,9 +107,9 @@ async def _ready_admin(service_factory: ServiceFactory, admin_for: Any, tmp_path
 
 
 async def test_item5_wrong_tokens_never_lock_out_the_right_token(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    admin = await _ready_admin(service_factory, admin_for, tmp_path)
+    admin = await _ready_admin(admin_service)
 
     # A stranger guesses: five 401s, then 429s for that address only.
     statuses = [(await admin.post(source=ATTACKER, token=f"guess-{i}"))[0] for i in range(8)]
@@ -178,11 +173,11 @@ async def _raw_post(url: str, authorization: bytes) -> bytes:
 
 
 async def test_item7_non_utf8_bearer_token_is_401_audited_and_counted(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    svc = await _service(service_factory, tmp_path)
+    admin = await admin_service()
+    svc = admin.service
     await svc.start_engines()
-    admin = await admin_for(svc)
     answers = [
         await _raw_post(admin.url, b"Bearer \xff\xfe\xc3(" + bytes([0x80 + i])) for i in range(6)
     ]
@@ -199,9 +194,9 @@ async def test_item7_non_utf8_bearer_token_is_401_audited_and_counted(
 
 
 async def test_item9_reused_key_with_other_flags_is_422(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    admin = await _ready_admin(service_factory, admin_for, tmp_path)
+    admin = await _ready_admin(admin_service)
     key = {"Idempotency-Key": "step-7"}
     first = await admin.post(headers=key)
     assert first[0] == 200
@@ -223,10 +218,10 @@ async def test_item9_reused_key_with_other_flags_is_422(
 
 
 async def test_item9_no_engine_503_is_not_stored(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    svc = await _service(service_factory, tmp_path)
-    admin = await admin_for(svc)
+    admin = await admin_service()
+    svc = admin.service
     key = {"Idempotency-Key": "after-weights-3"}
     status, body, _ = await admin.post(headers=key)
     assert status == 503 and "no engine" in body["error"]
@@ -243,12 +238,12 @@ async def test_item9_no_engine_503_is_not_stored(
 
 
 async def test_item9_same_key_while_the_first_runs_is_409(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    svc = await _service(service_factory, tmp_path, call_timeout=3.0)
+    admin = await admin_service(call_timeout=3.0)
+    svc = admin.service
     await svc.start_engines(by_index={i: SimOptions(reply_delay_s=0.4) for i in range(2)})
     await svc.ready()
-    admin = await admin_for(svc)
     key = {"Idempotency-Key": "k-409"}
     first = asyncio.create_task(admin.post(headers=key))
     await asyncio.wait_for(_until(lambda: admin.resets() != [0, 0] or first.done()), 5)
@@ -298,9 +293,9 @@ async def _chunks(total: int, size: int = 64 * 1024) -> AsyncIterator[bytes]:
 
 
 async def test_item12_chunked_bodies_are_held_to_the_limit(
-    service_factory: ServiceFactory, admin_for: Any, tmp_path: Path
+    admin_service: AdminFactory,
 ) -> None:
-    admin = await _ready_admin(service_factory, admin_for, tmp_path)
+    admin = await _ready_admin(admin_service)
     # A chunked body just over the limit, and a large one: 413, no reset.
     for total in (MAX_ADMIN_BODY + 1, 256 * 1024):
         status, body, _ = await admin.post(data=_chunks(total, size=700))
