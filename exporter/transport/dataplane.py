@@ -51,7 +51,13 @@ from exporter.transport.links import (
     send_frame,
 )
 from exporter.transport.linkstate import CALLABLE, EngineLinks
-from exporter.transport.state_file import read_state, records_of, restore_links, write_state
+from exporter.transport.state_file import (
+    StateSnapshot,
+    StateWriter,
+    read_state,
+    records_of,
+    restore_links,
+)
 
 log = logging.getLogger("exporter.transport")
 
@@ -89,6 +95,11 @@ class EngineDataPlane(EngineLinks):
         self._handshake: zmq.asyncio.Socket | None = None
         self._handshake_task: asyncio.Task[None] | None = None
         self.input_address = ""
+        self._state_writer = (
+            StateWriter(shape.state_file, self._state_snapshot, errors)
+            if shape.state_file
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -144,6 +155,8 @@ class EngineDataPlane(EngineLinks):
     async def close(self) -> None:
         """Stop receiving and close every socket with linger 0."""
         await self._close_control()
+        if self._state_writer is not None:
+            await self._state_writer.flush()
         if self._loop is not None:
             for fd in self._readers:
                 self._loop.remove_reader(fd)
@@ -235,10 +248,13 @@ class EngineDataPlane(EngineLinks):
 
     def _write_state(self) -> None:
         """Remember every engine with a slot: a restarted exporter on the same fixed addresses
-        finds them (and what they registered) again, since they never handshake twice."""
-        if self.shape.state_file:
-            records = records_of(self._links.values())
-            write_state(self.shape.state_file, self.input_address, self._state_extra(), records)
+        finds them (and what they registered) again, since they never handshake twice. Written
+        in the background, coalesced (``StateWriter``); ``close`` waits for the last write."""
+        if self._state_writer is not None:
+            self._state_writer.request()
+
+    def _state_snapshot(self) -> StateSnapshot:
+        return self.input_address, self._state_extra(), records_of(self._links.values())
 
     def _restore_state(self) -> None:
         """Engines a previous exporter process on these addresses had: callable until proven

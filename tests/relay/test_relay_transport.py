@@ -115,6 +115,11 @@ async def test_exporter_restart_on_fixed_addresses_with_state_file(
     relay1 = await h.start_relay(**opts)
     h.start_engines({i: SimOptions(reply_delay_s=0.05) for i in range(3)})
     await h.wait_handshakes()
+    # Written in the background, within a write or two of the last READY.
+    await eventually(
+        lambda: state_file.exists() and len(json.loads(state_file.read_text())["engines"]) == 3,
+        what="three engines in the state file",
+    )
     state = json.loads(state_file.read_text())
     assert state["input_address"] == f"tcp://127.0.0.1:{base}"
     assert [(e["engine_index"], e["client_index"]) for e in state["engines"]] == [
