@@ -13,6 +13,7 @@ import pytest
 
 from bench.flood import sample_sum
 from bench.hotpath import measure as measure_hotpath
+from bench.loops import order
 from bench.procs import metric_value, split_counts
 from bench.tail import CallSample, GcClock, percentile, tail_of
 
@@ -137,3 +138,18 @@ def test_hotpath_measures_every_piece() -> None:
     rows = dict(measure_hotpath(300))
     assert len(rows) == 6
     assert all(us > 0 for us in rows.values()), rows
+
+
+def test_loops_bench_runs_both_loops_alternating() -> None:
+    """``python -m bench.loops`` at a tiny size: a row per run, both loops, alternating."""
+    assert order(2) == ["asyncio", "uvloop", "uvloop", "asyncio"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.loops", "--engines", "2", "--repeats", "1", "--calls", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "| 1 | asyncio | " in proc.stdout and "| 2 | uvloop | " in proc.stdout, proc.stdout
+    assert "| uvloop | " in proc.stdout.split("median exporter/floor", 1)[1]
