@@ -40,6 +40,10 @@ class LatencyResult:
     floor_p99: float
     exporter_cpu_per_call: float
     floor_cpu_per_call: float
+    #: Of the CPU per call, the main thread's (``time.thread_time``); the rest is libzmq's I/O
+    #: thread.
+    exporter_main_cpu_per_call: float = 0.0
+    floor_main_cpu_per_call: float = 0.0
     exporter_tail: Tail | None = None
     floor_tail: Tail | None = None
 
@@ -160,8 +164,8 @@ async def _latency(
     per_round = max(1, total // plan.rounds)
     exp: list[CallSample] = []
     flo: list[CallSample] = []
-    exp_cpu = flo_cpu = 0.0
-    perf, cpu = time.perf_counter, time.process_time
+    exp_cpu = flo_cpu = exp_main = flo_main = 0.0
+    perf, cpu, main_cpu = time.perf_counter, time.process_time, time.thread_time
 
     async def exporter_call() -> None:
         await aggregated_call(client, timeout)
@@ -171,21 +175,25 @@ async def _latency(
 
     with GcClock() as gc_clock:
 
-        async def batch(call: Callable[[], Awaitable[None]], samples: list[CallSample]) -> float:
-            c_batch = cpu()
+        async def batch(
+            call: Callable[[], Awaitable[None]], samples: list[CallSample]
+        ) -> tuple[float, float]:
+            """(process CPU, main-thread CPU) of ``per_round`` calls."""
+            c_batch, m_batch = cpu(), main_cpu()
             for _ in range(per_round):
                 t0, c0, g0 = perf(), cpu(), gc_clock.total_s
                 await call()
                 samples.append(CallSample(perf() - t0, cpu() - c0, gc_clock.total_s - g0))
-            return cpu() - c_batch
+            return cpu() - c_batch, main_cpu() - m_batch
 
         for r in range(plan.rounds):
-            if r % 2 == 0:
-                exp_cpu += await batch(exporter_call, exp)
-                flo_cpu += await batch(floor_call, flo)
-            else:
-                flo_cpu += await batch(floor_call, flo)
-                exp_cpu += await batch(exporter_call, exp)
+            sides = [(exporter_call, exp), (floor_call, flo)]
+            for call, samples in sides if r % 2 == 0 else reversed(sides):
+                spent, main = await batch(call, samples)
+                if samples is exp:
+                    exp_cpu, exp_main = exp_cpu + spent, exp_main + main
+                else:
+                    flo_cpu, flo_main = flo_cpu + spent, flo_main + main
     exp_wall, flo_wall = [s.wall_s for s in exp], [s.wall_s for s in flo]
     return LatencyResult(
         n=n,
@@ -196,6 +204,8 @@ async def _latency(
         floor_p99=percentile(flo_wall, 99),
         exporter_cpu_per_call=exp_cpu / len(exp),
         floor_cpu_per_call=flo_cpu / len(flo),
+        exporter_main_cpu_per_call=exp_main / len(exp),
+        floor_main_cpu_per_call=flo_main / len(flo),
         exporter_tail=tail_of(exp),
         floor_tail=tail_of(flo),
     )

@@ -293,7 +293,11 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
             f"{us(lat.exporter_cpu_per_call)} vs floor {us(lat.floor_cpu_per_call)} "
             f"({lat.exporter_cpu_per_call / max(lat.floor_cpu_per_call, 1e-9):.1f}x), i.e. "
             f"{us(lat.exporter_cpu_per_call / s.n)} vs {us(lat.floor_cpu_per_call / s.n)} per "
-            f"engine; p50 latency ratio {lat.ratio_p50:.2f}x."
+            f"engine; p50 latency ratio {lat.ratio_p50:.2f}x. Main thread "
+            f"{us(lat.exporter_main_cpu_per_call)} vs {us(lat.floor_main_cpu_per_call)}; the "
+            "other threads (libzmq's I/O thread) "
+            f"{us(lat.exporter_cpu_per_call - lat.exporter_main_cpu_per_call)} vs "
+            f"{us(lat.floor_cpu_per_call - lat.floor_main_cpu_per_call)}."
         )
         exp, flo, scr = [*s.profiles, None, None, None][:3]
         if exp is not None and exp.categories:
