@@ -13,10 +13,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import field, make_dataclass
 from typing import Any
 
 import msgspec
+import msgspec.structs
 import zmq
 
 from exporter.fleet import EngineOutcome, Outcome
@@ -25,17 +26,16 @@ from exporter.transport.links import EVENTS, NOBLOCK, SRCFD, get_option, recv_fr
 ROUNDS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class FrozenOutcome:
-    """``EngineOutcome``'s fields as the frozen dataclass it used to be."""
+def frozen_dataclass_like(struct: type[msgspec.Struct]) -> type:
+    """A frozen, slotted dataclass with ``struct``'s fields and defaults (what the per-engine
+    value types were before they became Structs), derived so that the two never drift apart."""
+    specs: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in msgspec.structs.fields(struct):
+        specs.append((f.name, Any) if f.required else (f.name, Any, field(default=f.default)))
+    return make_dataclass(f"Frozen{struct.__name__}", specs, frozen=True, slots=True)
 
-    engine: str
-    outcome: Outcome
-    value: Any = None
-    error: str | None = None
-    shutting_down: bool = False
-    duration_s: float | None = None
-    values: tuple[Any, ...] = ()
+
+FrozenOutcome = frozen_dataclass_like(EngineOutcome)
 
 
 def best_us(fn: Callable[[int], None], count: int) -> float:
