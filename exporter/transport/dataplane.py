@@ -10,8 +10,7 @@ These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their fil
 Each reader handles at most ``DRAIN_BATCH`` messages per event-loop turn and then yields, and
 every socket's receive queue is bounded (``RECV_HWM``): a flooding peer is throttled by TCP back
 pressure instead of freezing the loop or growing memory. The handshake socket, which sees a few
-frames per engine lifetime, stays on ``zmq.asyncio`` in a supervised task (a crash is logged,
-counted and the loop restarted: a single hostile frame never stops future handshakes).
+frames per engine lifetime, stays on ``zmq.asyncio`` (``HandshakeSocket``).
 """
 
 from __future__ import annotations
@@ -35,9 +34,9 @@ from exporter.protocol import (
     decode_engine_outputs,
     decode_registration,
 )
-from exporter.tasks import cancel_and_wait, supervise
 from exporter.transport import sockets
 from exporter.transport.events import TransportListener
+from exporter.transport.handshake_socket import HandshakeSocket
 from exporter.transport.links import (
     DRAIN_BATCH,
     MAX_FRAME_BYTES,
@@ -46,6 +45,8 @@ from exporter.transport.links import (
     EngineLink,
     FleetShape,
     Phase,
+    engine_connection_closed,
+    is_engine_connection,
     recv_message,
     recv_message_fd,
     send_frame,
@@ -92,8 +93,7 @@ class EngineDataPlane(EngineLinks):
         self._readers: list[int] = []
         self._input_check_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._handshake: zmq.asyncio.Socket | None = None
-        self._handshake_task: asyncio.Task[None] | None = None
+        self._handshake_side = HandshakeSocket(self._ctx, errors, self._on_handshake_frames)
         self.input_address = ""
         self._state_writer = (
             StateWriter(shape.state_file, self._state_snapshot, errors)
@@ -186,35 +186,15 @@ class EngineDataPlane(EngineLinks):
     # -- the handshake socket ------------------------------------------------------------------
 
     def _open_handshake(self, address: str) -> None:
-        """Bind the handshake ROUTER the engines dial, for the life of the process (restarted
-        engines handshake again); ``ROUTER_HANDOVER`` lets a restarted engine's new connection
-        take its identity over."""
-        sock = sockets.async_socket(self._ctx, zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        try:
-            sock.bind(address)
-        except zmq.ZMQError:
-            sock.close(linger=0)
-            raise
-        self._handshake = sock
-        self._handshake_task = supervise(
-            "handshake", lambda: self._handshake_loop(sock), self._errors
-        )
+        """Bind the handshake ROUTER the engines dial (``HandshakeSocket``)."""
+        self._handshake_side.open(address)
 
     async def _close_handshake(self) -> None:
-        task, self._handshake_task = self._handshake_task, None
-        await cancel_and_wait(task)
-        if self._handshake is not None:
-            self._handshake.close(linger=0)
-            self._handshake = None
+        await self._handshake_side.close()
 
-    async def _handshake_loop(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                await self._on_handshake_frames(sock, frames)
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"handshake socket: {exc}")
+    @property
+    def _handshake(self) -> zmq.asyncio.Socket | None:
+        return self._handshake_side.sock
 
     async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         """One message on the handshake ROUTER (subclasses)."""
@@ -389,14 +369,11 @@ class EngineDataPlane(EngineLinks):
             link.engine_fd = fd  # it answered one of our calls: this connection is the engine
 
     def _on_engine_core_dead(self, link: EngineLink, fd: int) -> None:
-        """Believe ENGINE_CORE_DEAD at once only from the engine's own connection (the one
-        that answered our calls, or before any answer the only connection there is); any peer
-        can connect to an output address and send those bytes, so a claim from elsewhere is
-        handed to the listener to confirm before the engine is given up."""
+        """Believe ENGINE_CORE_DEAD at once only from the engine's own connection
+        (``is_engine_connection``); a claim from elsewhere goes to the listener to confirm."""
         if link.phase not in CALLABLE:
             return
-        known = link.engine_fd
-        if fd >= 0 and (fd == known or (known is None and link.live_peers == {fd})):
+        if is_engine_connection(link, fd):
             self.confirm_dead(link.engine_index)
         else:
             self._listener.on_death_claimed(link.engine_index)
@@ -405,11 +382,7 @@ class EngineDataPlane(EngineLinks):
         """An engine's output connection closing means its process died or restarted: the
         engine is LOST (not connected, its calls in flight fail at once instead of at their
         timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
-
-        Any peer can connect to an output address. Once the engine answered one of our calls
-        its own connection is known, and only that one closing counts; before, only the close
-        of the *last* connection does (a stranger hanging up must not fail the engine).
-        """
+        Which closes count: ``engine_connection_closed``."""
         sock = link.monitor
         for _ in range(DRAIN_BATCH):
             frames = recv_message(sock) if sock is not None else None
@@ -430,8 +403,7 @@ class EngineDataPlane(EngineLinks):
                 self._set_phase(link, Phase.RESTORED)  # UP again once it answers
             return
         link.live_peers.discard(fd)
-        engine_gone = fd == link.engine_fd if link.engine_fd is not None else not link.live_peers
-        if not engine_gone:
+        if not engine_connection_closed(link, fd):
             log.info("engine %d: a peer of its output socket hung up", link.engine_index)
             return
         link.engine_fd = None

@@ -144,3 +144,18 @@ class EngineLink:
     live_peers: set[int] = field(default_factory=set, repr=False)
     #: The connection that delivered a reply to one of our calls: the engine's own.
     engine_fd: int | None = field(default=None, repr=False)
+
+
+def is_engine_connection(link: EngineLink, fd: int) -> bool:
+    """Whether connection ``fd`` of the engine's output socket is the engine's own: the one that
+    answered our calls, or, before any answer, the only connection there is. Anyone can connect
+    to an output address, so only this connection's ENGINE_CORE_DEAD is believed at once."""
+    known = link.engine_fd
+    return fd >= 0 and (fd == known or (known is None and link.live_peers == {fd}))
+
+
+def engine_connection_closed(link: EngineLink, fd: int) -> bool:
+    """Whether connection ``fd`` closing (already out of ``live_peers``) means the engine is gone:
+    its own connection once known, else the last connection (a stranger hanging up must not
+    fail the engine)."""
+    return fd == link.engine_fd if link.engine_fd is not None else not link.live_peers
