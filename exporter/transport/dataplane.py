@@ -1,10 +1,14 @@
 """The exporter's data plane on every engine, shared by owner and relay mode.
 
 One input ROUTER (``ROUTER_MANDATORY``: an unroutable send is an error, not a silent drop;
-``ROUTER_HANDOVER``: a restarted engine takes its identity over) and one output PULL *per
-engine*: ENGINE_CORE_DEAD carries no engine index, so a per-engine output address is what makes a
-death attributable. A socket monitor on each PULL notices an engine's connection closing (a
-SIGKILLed engine sends nothing).
+``ROUTER_HANDOVER``: a restarted engine takes its identity over) and one output PULL bound on a
+separate address *per engine*: ENGINE_CORE_DEAD carries no engine index, so the address an
+engine's connection came in on is what makes a death attributable. One socket monitor on that
+PULL reports each connection's file descriptor and local address when it is accepted and when
+it closes (a SIGKILLed engine sends nothing); ``ZMQ_SRCFD`` ties every message to its
+connection, so every message is attributed to the engine whose address it arrived on. One
+socket for every engine (not one each) is what vLLM's front end does: one wake-up and one
+``ZMQ_EVENTS`` probe per batch of replies instead of per engine (docs/scale.md).
 
 These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their file descriptors.
 Each reader handles at most ``DRAIN_BATCH`` messages per event-loop turn and then yields, and
@@ -47,6 +51,7 @@ from exporter.transport.links import (
     Phase,
     engine_connection_closed,
     is_engine_connection,
+    port_of,
     recv_message,
     recv_message_fd,
     send_frame,
@@ -73,6 +78,7 @@ class EngineDataPlane(EngineLinks):
 
     #: ZMQ sockets and file descriptors per engine at their peak (every engine handshaking at
     #: once); a mode with more per-engine sockets (the relay's upstream) raises them.
+    #: The output PULL and its monitor are shared by every engine: ``SOCKETS_BASE``.
     SOCKETS_PER_ENGINE = sockets.SOCKETS_PER_ENGINE
     FDS_PER_ENGINE = sockets.FDS_PER_ENGINE
 
@@ -90,6 +96,15 @@ class EngineDataPlane(EngineLinks):
         self._own_context = context is None
         self._ctx = context or zmq.asyncio.Context()
         self._input: zmq.Socket[bytes] | None = None
+        #: One PULL bound on every engine's output address, and its connection monitor.
+        self._output: zmq.Socket[bytes] | None = None
+        self._output_monitor: zmq.Socket[bytes] | None = None
+        #: Output port → engine (each engine has its own), live connection fd → engine.
+        self._by_port: dict[int, EngineLink] = {}
+        self._by_fd: dict[int, EngineLink] = {}
+        #: Closed connections' engines, until the descriptor number is reused (bounded by the
+        #: process's descriptor limit).
+        self._closed_by_fd: dict[int, EngineLink] = {}
         self._readers: list[int] = []
         self._input_check_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,22 +141,20 @@ class EngineDataPlane(EngineLinks):
             self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.input_address = sockets.bind(self._input, bind_host, shape.advertise_host, base)
+            self._output = output = sockets.plain_socket(self._ctx, zmq.PULL)
             for offset, link in enumerate(self._links.values()):
-                link.pull = sockets.plain_socket(self._ctx, zmq.PULL)
                 port = None if base is None else base + 1 + offset
-                link.output_address = sockets.bind(link.pull, bind_host, shape.advertise_host, port)
-                link.monitor = sockets.monitor_socket(
-                    self._ctx, link.pull, f"{id(self)}-{link.engine_index}"
-                )
+                link.output_address = sockets.bind(output, bind_host, shape.advertise_host, port)
+                self._by_port[port_of(link.output_address)] = link
+            self._output_monitor = sockets.monitor_socket(self._ctx, output, f"{id(self)}")
             await self._start_control()
         except BaseException:
             await self.close()
             raise
+        assert self._output is not None and self._output_monitor is not None
         self._watch(self._input, self._drain_input)
-        for link in self._links.values():
-            assert link.pull is not None and link.monitor is not None
-            self._watch(link.pull, self._drain_output, link, True)
-            self._watch(link.monitor, self._drain_monitor, link)
+        self._watch(self._output_monitor, self._drain_monitor)
+        self._watch(self._output, self._drain_output, True)
 
     def _watch(self, sock: zmq.Socket[bytes], drain: Callable[..., None], *args: object) -> None:
         """Call ``drain(*args)`` whenever the socket's (edge-triggered) FD signals, and once
@@ -161,14 +174,13 @@ class EngineDataPlane(EngineLinks):
             for fd in self._readers:
                 self._loop.remove_reader(fd)
         self._readers.clear()
-        for link in self._links.values():
-            if link.pull is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    link.pull.disable_monitor()
-            for sock in (link.monitor, link.pull):
-                if sock is not None:
-                    sock.close(linger=0)
-            link.pull = link.monitor = None
+        if self._output is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._output.disable_monitor()
+        for sock in (self._output_monitor, self._output):
+            if sock is not None:
+                sock.close(linger=0)
+        self._output = self._output_monitor = None
         if self._input is not None:
             self._input.close(linger=0)
             self._input = None
@@ -320,10 +332,11 @@ class EngineDataPlane(EngineLinks):
             self._errors.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
         self._maybe_up(link)
 
-    def _drain_output(self, link: EngineLink, woken: bool = False) -> None:
-        """Handle what the engine's output socket has queued (``woken``: its FD signalled,
-        so the first receive skips the ``ZMQ_EVENTS`` probe)."""
-        sock = link.pull
+    def _drain_output(self, woken: bool = False) -> None:
+        """Handle what the output socket has queued (``woken``: its FD signalled, so the first
+        receive skips the ``ZMQ_EVENTS`` probe), each message as from the engine whose address
+        its connection came in on (``_sender``)."""
+        sock = self._output
         probe = not woken
         for _ in range(DRAIN_BATCH):
             received = recv_message_fd(sock, probe=probe) if sock is not None else None
@@ -332,13 +345,26 @@ class EngineDataPlane(EngineLinks):
                 return
             frames, fd = received
             try:
-                self._on_output_frames(link, frames, fd)
+                self._on_output_frames(self._sender(fd), frames, fd)
             except ProtocolError as exc:
-                self._errors.record(exc.kind, f"engine {link.engine_index} output: {exc}")
+                self._errors.record(exc.kind, f"output socket: {exc}")
             except Exception as exc:  # a bug must not stop the reader: count it, go on
                 self._errors.task_failed("output_reader", exc)
         assert self._loop is not None
-        self._loop.call_soon(self._drain_output, link)  # a flood: yield, then continue
+        self._loop.call_soon(self._drain_output)  # a flood: yield, then continue
+
+    def _sender(self, fd: int) -> EngineLink:
+        """The engine whose output address connection ``fd`` came in on. libzmq reports a
+        connection to the monitor before any of its messages, so a connection not known yet
+        first reads the monitor; a connection closed since the message was queued is still
+        attributed (``_closed_by_fd``, until its descriptor number is reused)."""
+        link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
+        if link is None:
+            self._drain_monitor(limit=None)
+            link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
+        if link is None:
+            raise ProtocolError("unknown_connection", f"a message from unknown connection {fd}")
+        return link
 
     def _on_output_frames(self, link: EngineLink, frames: list[bytes], fd: int) -> None:
         first = frames[0]
@@ -357,7 +383,7 @@ class EngineDataPlane(EngineLinks):
         if output.engine_index != link.engine_index:
             raise ProtocolError(
                 "wrong_engine_index",
-                f"output socket of engine {link.engine_index} carried engine_index "
+                f"output address of engine {link.engine_index} carried engine_index "
                 f"{output.engine_index}",
             )
         if link.phase is Phase.RESTORED:
@@ -378,23 +404,37 @@ class EngineDataPlane(EngineLinks):
         else:
             self._listener.on_death_claimed(link.engine_index)
 
-    def _drain_monitor(self, link: EngineLink) -> None:
+    def _drain_monitor(self, limit: int | None = DRAIN_BATCH) -> None:
         """An engine's output connection closing means its process died or restarted: the
         engine is LOST (not connected, its calls in flight fail at once instead of at their
         timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
-        Which closes count: ``engine_connection_closed``."""
-        sock = link.monitor
-        for _ in range(DRAIN_BATCH):
+        Which closes count: ``engine_connection_closed``. ``limit``: events handled before
+        yielding (None: until none is queued, to judge a message on the current mapping)."""
+        sock = self._output_monitor
+        handled = 0
+        while limit is None or handled < limit:
             frames = recv_message(sock) if sock is not None else None
             if frames is None:
                 return
+            handled += 1
             try:
                 event = parse_monitor_message(frames)
+                kind, fd = int(event.get("event", 0)), int(event.get("value", -1))
+                port = port_of(bytes(event.get("endpoint", b"")).decode("ascii", "replace"))
             except (ValueError, IndexError, TypeError):  # a malformed event is not actionable
                 continue
-            self._on_connection_event(link, int(event.get("event", 0)), int(event.get("value", -1)))
+            link = self._by_port.get(port)
+            if link is None:
+                continue
+            if kind == zmq.EVENT_ACCEPTED:
+                self._by_fd[fd] = link
+                self._closed_by_fd.pop(fd, None)
+            elif self._by_fd.get(fd) is link:
+                del self._by_fd[fd]
+                self._closed_by_fd[fd] = link  # its last messages may still be queued
+            self._on_connection_event(link, kind, fd)
         assert self._loop is not None
-        self._loop.call_soon(self._drain_monitor, link)
+        self._loop.call_soon(self._drain_monitor)
 
     def _on_connection_event(self, link: EngineLink, event: int, fd: int) -> None:
         if event == zmq.EVENT_ACCEPTED:

@@ -77,6 +77,14 @@ def recv_message_fd(
 SRCFD = int(getattr(zmq, "SRCFD", 2))
 
 
+def port_of(address: str) -> int:
+    """The port of a ``tcp://HOST:PORT`` address (IPv6 hosts in brackets); ValueError else."""
+    _, colon, port = address.rpartition(":")
+    if not colon:
+        raise ValueError(f"no port in {address!r}")
+    return int(port)
+
+
 def tcp_host(host: str) -> str:
     """A host as it goes into a ``tcp://`` endpoint: IPv6 literals in brackets."""
     host = host.strip("[]")
@@ -139,8 +147,7 @@ class EngineLink:
     refused: str | None = None
     #: READY carried ``parallel_config_hash``: a coordinated (MoE) DP engine.
     coordinated: bool = False
-    pull: zmq.Socket[bytes] | None = field(default=None, repr=False)
-    monitor: zmq.Socket[bytes] | None = field(default=None, repr=False)
+    #: The connections (file descriptors) open on this engine's output address.
     live_peers: set[int] = field(default_factory=set, repr=False)
     #: The connection that delivered a reply to one of our calls: the engine's own.
     engine_fd: int | None = field(default=None, repr=False)

@@ -16,18 +16,18 @@ import zmq.asyncio
 from exporter.error import ConfigError
 from exporter.transport.links import MONITOR_EVENTS, RECV_HWM, ZMQ_MAX_MSG_BYTES, tcp_host
 
-#: ZMQ sockets per engine: its output PULL, the PAIR receiving that PULL's monitor events, and
-#: the monitor's own end inside libzmq (``zmq_socket_monitor``). One monitor for every engine
-#: (``ZMQ_ROUTER_NOTIFY`` on a ROUTER) is a draft API that the released pyzmq/libzmq builds do
-#: not enable (``setsockopt`` raises EINVAL), so the per-engine monitor stays; docs/scale.md.
-SOCKETS_PER_ENGINE = 3
-#: Sockets that do not depend on the engine count (input ROUTER, handshake ROUTER, a relay's
-#: state, slack for sockets a test or the relay's upstream handshake opens on the same context).
+#: ZMQ sockets per engine: none. One output PULL is bound on every engine's address and one
+#: monitor watches it (docs/scale.md); only the relay adds an upstream DEALER per engine while
+#: that engine's handshake is relayed.
+SOCKETS_PER_ENGINE = 0
+#: Sockets that do not depend on the engine count: input ROUTER, handshake ROUTER, output PULL,
+#: the PAIR receiving its monitor events and the monitor's own end inside libzmq, plus slack for
+#: sockets a test or the relay's upstream handshake opens on the same context.
 SOCKETS_BASE = 16
 #: File descriptors per engine, measured (docs/scale.md, ``python -m bench.scale``): the
-#: PULL's listening socket, its engine's connection, the engine's connection to the input
-#: ROUTER, and the signalling eventfd of each of the three ZMQ sockets.
-FDS_PER_ENGINE = 6
+#: listening socket of its output address, its connection to it and its connection to the
+#: input ROUTER.
+FDS_PER_ENGINE = 3
 #: Descriptors that do not depend on the engine count: the interpreter, libzmq's threads and
 #: epoll, asyncio, the HTTP listeners and their clients (scrapes, admin), and slack.
 FDS_BASE = 256

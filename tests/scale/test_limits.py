@@ -14,6 +14,7 @@ import zmq
 from exporter.error import ConfigError
 from exporter.ports import free_listen_port
 from exporter.transport import sockets
+from exporter.transport.relay import RelayTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_context_socket_limit_is_raised_for_1024_engines() -> None:
     ctx = zmq.Context()
     try:
-        needed = sockets.sockets_needed(1024)
-        assert needed > ctx.get(zmq.MAX_SOCKETS)  # libzmq's default (1,023) is not enough
+        # Owner mode: one output PULL for every engine, so libzmq's default (1,023) is plenty.
+        assert sockets.sockets_needed(1024) <= ctx.get(zmq.MAX_SOCKETS)
+        # Relay mode: an upstream DEALER per engine while it handshakes: not enough.
+        needed = sockets.sockets_needed(1024, per_engine=RelayTransport.SOCKETS_PER_ENGINE)
+        assert needed > ctx.get(zmq.MAX_SOCKETS)
         sockets.raise_max_sockets(ctx, needed)
         assert ctx.get(zmq.MAX_SOCKETS) == needed
         with pytest.raises(ConfigError, match="ZMQ sockets"):
