@@ -332,18 +332,17 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
         "encoder (`exporter/exposition.py`, byte-identical to `generate_latest`, checked in this "
         "run and by a test), and the body is cached until the state changes, so scrapes "
         "between two polls cost no render at all.",
-        "- **The CPU gap at scale (issue 18), and what narrowed it.** A sampling profile of the "
-        "exporter's main thread (py-spy, N=64) put a quarter of its time in the two `ZMQ_EVENTS` "
-        "probes per reply (a `poll` system call inside libzmq plus pyzmq's option lookup, "
-        "`python -m bench.hotpath`), then the frozen-dataclass constructors of three value "
-        "objects per reply, then the event loop's own work per ready descriptor (one per engine "
-        "per call: one output PULL per engine). Changes: a reader woken by its descriptor "
-        "receives before it probes (one probe per reply instead of two); `EngineOutcome`, "
-        "`EngineOutput` and `UtilityReply` are frozen `msgspec.Struct`s; `serve` runs on uvloop "
-        "(`exporter/eventloop.py`). The libzmq I/O thread costs the two sides about the same; "
-        "garbage collection is absent below 1,024 engines and under 1 % of a call there "
-        "(table 1b). What remains is one output PULL per engine: one wake-up, one probe and "
-        "one mailbox signal per engine per call where the floor drains one socket. Step by "
-        "step figures, and the run-to-run spread of this ratio: docs/scale.md.",
+        "- **The CPU gap at scale (issue 18), and what closed it.** A sampling profile of the "
+        "exporter's main thread (py-spy, N=64) ranked first the `ZMQ_EVENTS` probes (a `poll` "
+        "system call inside libzmq plus pyzmq's option lookup, `python -m bench.hotpath`), then "
+        "the frozen-dataclass constructors of three value objects per reply, then the event "
+        "loop's work per ready descriptor: with one output PULL per engine, every engine woke "
+        "the loop, was probed and signalled libzmq's mailbox once per call. Changes: one output "
+        "PULL bound on every engine's own address, one monitor for it (attribution by "
+        "descriptor and local port, unchanged semantics); a reader woken by its descriptor "
+        "receives before it probes; `EngineOutcome`, `EngineOutput` and `UtilityReply` are "
+        "frozen `msgspec.Struct`s; `serve` runs on uvloop (`exporter/eventloop.py`). Garbage "
+        "collection is absent below 1,024 engines and under 1 % of a call there (table 1b). "
+        "Step by step figures: docs/scale.md.",
     ]
     return [*out, ""]

@@ -1,10 +1,10 @@
 """Which asyncio event loop runs the exporter: uvloop when it is installed, else the stdlib's.
 
-Every engine's output socket wakes the loop once per call, so the loop's own cost per ready
-file descriptor (selector, handle, callback) is paid once per engine per call. uvloop (libuv,
-the loop vLLM's API server runs on) pays it in C: at 64 engines the exporter's CPU per
-aggregated call was 1.15x the floor's on uvloop against 1.21x on the stdlib loop (medians of
-five alternating runs each, ``python -m bench.loops``; docs/scale.md). ``--event-loop asyncio``
+uvloop (libuv, the loop vLLM's API server runs on) does the loop's own work per ready
+descriptor, handle and timer in C. With one output socket per engine, one wake-up per engine per
+call, it cut the exporter's CPU per aggregated call at 64 engines from 1.21x the floor's to
+1.15x; with one output socket for every engine the gap is small (1.05x against 1.04x), medians
+of alternating runs of ``python -m bench.loops`` (docs/scale.md). ``--event-loop asyncio``
 keeps the stdlib loop (a platform without uvloop wheels, or to rule the loop out while
 debugging).
 """

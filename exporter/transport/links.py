@@ -154,7 +154,7 @@ class EngineLink:
 
 
 def is_engine_connection(link: EngineLink, fd: int) -> bool:
-    """Whether connection ``fd`` of the engine's output socket is the engine's own: the one that
+    """Whether connection ``fd`` to the engine's output address is the engine's own: the one that
     answered our calls, or, before any answer, the only connection there is. Anyone can connect
     to an output address, so only this connection's ENGINE_CORE_DEAD is believed at once."""
     known = link.engine_fd

@@ -2,7 +2,7 @@
 front end does in ``HandshakeOwner`` mode.
 
 The handshake ROUTER is bound for the life of the process, so restarted engines can handshake
-again; the data-plane sockets (input ROUTER, one output PULL per engine) are in
+again; the data-plane sockets (input ROUTER, one output PULL on an address per engine) are in
 ``exporter.transport.dataplane``. The exporter is the engines' only client: slot 0.
 """
 

@@ -10,7 +10,8 @@ Sockets:
 * per handshake, a DEALER to ``upstream_handshake_address`` with the engine's own identity, so the
   front end cannot tell it from the engine; closed after READY with a non-zero linger;
 * the data plane shared with owner mode (``exporter.transport.dataplane``): one input ROUTER and
-  one output PULL per engine, so an ENGINE_CORE_DEAD is attributable to one engine.
+  one output PULL bound on an address per engine, so an ENGINE_CORE_DEAD is attributable to one
+  engine.
 
 Per engine and handshake: HELLO up byte for byte exactly once; INIT down with the exporter's
 addresses appended (``append_client_slot``; when the INIT cannot be rewritten exactly it goes down

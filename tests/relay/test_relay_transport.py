@@ -80,7 +80,7 @@ async def test_relay_concurrent_calls_without_cross_talk(
             [h.fe.transport.input_address, transport.input_address],
             [fe_views[i].output_address, transport.link_views()[i].output_address],
         )
-    # Per-engine output addresses: each engine's exporter slot is its own PULL.
+    # Per-engine output addresses: each engine's exporter slot has its own address.
     assert len({v.output_address for v in transport.link_views()}) == engine_count
 
 

@@ -1,4 +1,4 @@
-"""Which connection of an engine's output socket is the engine's own: the pure decisions behind
+"""Which connection to an engine's output address is the engine's own: the pure decisions behind
 believing an ENGINE_CORE_DEAD at once and marking an engine lost (no sockets here; the same
 rules over real sockets: tests/resilience)."""
 
