@@ -27,7 +27,7 @@ from exporter.aggregate import FleetState, aggregate_consensus
 from exporter.client import EngineCoreClient
 from exporter.config import resolve_config
 from exporter.exposition import render_text
-from exporter.runtime import Exporter, gc_paused
+from exporter.runtime import Exporter, freeze_startup_heap, gc_paused
 
 
 @dataclass
@@ -140,6 +140,7 @@ async def measure_size(n: int, processes: int, plan: Plan, log_dir: Path) -> Siz
             await transport.wait_connected(plan.connect_timeout_s)  # type: ignore[attr-defined]
             floor = FloorClient(floor_address, n)
             floor.connect(plan.connect_timeout_s)
+            freeze_startup_heap()  # as `serve` does once it listens
             result = SizeResult(n, processes, await _latency(client, floor, n, plan))
             if n in plan.scrape_sizes:
                 result.poll_cpu = await _poll_cpu(exporter, n, plan.poll_count(n))

@@ -3,8 +3,8 @@
 uvloop (libuv, the loop vLLM's API server runs on) does the loop's own work per ready
 descriptor, handle and timer in C. With one output socket per engine, one wake-up per engine per
 call, it cut the exporter's CPU per aggregated call at 64 engines from 1.21x the floor's to
-1.15x; with one output socket for every engine the gap is small (1.05x against 1.04x), medians
-of alternating runs of ``python -m bench.loops`` (docs/scale.md). ``--event-loop asyncio``
+1.15x; with one output socket for every engine the gap is smaller (1.12x against 1.09x), medians
+of five alternating runs each of ``python -m bench.loops`` (docs/scale.md). ``--event-loop asyncio``
 keeps the stdlib loop (a platform without uvloop wheels, or to rule the loop out while
 debugging).
 """

@@ -47,6 +47,19 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (modules, configuration, the links of
+    every engine) out of the collector's reach (``gc.freeze``), as vLLM's engine core does after
+    start-up: a full collection later scans only what was created since. In ``make bench``
+    (table 1b) one full collection in a 1,024-engine exporter's process took 66 ms, the whole
+    p99 tail of that run. Returns the number of objects frozen. Called once by the ``serve``
+    command and by the benchmark, never by in-process tests (a test process would pin what
+    later tests drop while it is alive then)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 class Exporter:
     """Everything one running exporter owns; ``start``/``stop`` bracket its background work."""
 

@@ -16,14 +16,18 @@ from exporter.config import ServeConfig, env_warnings, resolve_config
 from exporter.error import ConfigError, ExporterError
 from exporter.httpguard import guarded_runner
 from exporter.logs import configure_logging
+from exporter.runtime import freeze_startup_heap
 from exporter.server import ADMIN_URL_KEY, StartupError, create_app
 
 log = logging.getLogger("exporter")
 
 
-async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
+async def serve(
+    config: ServeConfig, stop: asyncio.Event | None = None, *, freeze_heap: bool = False
+) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT arrives). A failure to start (a port in
-    use, a host that cannot be bound) raises ``StartupError`` with a one-line message."""
+    use, a host that cannot be bound) raises ``StartupError`` with a one-line message.
+    ``freeze_heap``: ``freeze_startup_heap`` once listening (the ``serve`` command's process)."""
     stop = stop or asyncio.Event()
     log.debug("configuration: %r", config)  # secrets are repr=False: never logged
     loop = asyncio.get_running_loop()
@@ -42,6 +46,8 @@ async def serve(config: ServeConfig, stop: asyncio.Event | None = None) -> None:
             raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
         # Logged once everything is bound: a failed start prints its one error line only.
         scheme = "https" if tls is not None else "http"
+        if freeze_heap:
+            log.debug("heap frozen after start-up: %d objects", freeze_startup_heap())
         log.info(
             "serving /metrics on %s://%s:%d (attach=%s, event loop %s)",
             scheme,
@@ -81,7 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # The config file and environment may set the log level and format too.
     configure_logging(config.log_level, config.log_format)
     try:
-        eventloop.run(serve(config), config.event_loop)
+        eventloop.run(serve(config, freeze_heap=True), config.event_loop)
     except (ConfigError, StartupError) as exc:
         print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
         return 2

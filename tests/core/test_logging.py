@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,6 +236,8 @@ async def test_serve_logs_audit_records_in_text_and_never_the_token(tmp_path: Pa
     assert "status=503" in audits[1] and "client=127.0.0.1" in audits[1]
     assert not any(line.startswith("{") for line in text.splitlines())  # no second format
     assert " DEBUG " in text
+    # The serve command freezes its start-up heap once (exporter.runtime.freeze_startup_heap).
+    assert re.search(r"heap frozen after start-up: [1-9]\d* objects", text), text
     assert token not in text and token not in out.decode()
 
 
