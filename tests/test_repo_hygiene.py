@@ -133,7 +133,5 @@ def test_nothing_generated_or_vendored_is_tracked() -> None:
 
 
 def test_no_tracked_file_is_over_one_mib() -> None:
-    big = [
-        p for p in tracked_files() if (ROOT / p).is_file() and (ROOT / p).stat().st_size > 2**20
-    ]
+    big = [p for p in tracked_files() if (ROOT / p).is_file() and (ROOT / p).stat().st_size > 2**20]
     assert not big, f"tracked files over 1 MiB: {big}"

@@ -36,8 +36,18 @@ get_option = cast(Callable[..., int], zmq.backend.Socket.get)
 EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
-def recv_message(sock: zmq.Socket[bytes], *, probe: bool = True) -> list[bytes] | None:
-    """The next message's frames, or None when nothing is queued.
+def recv_message(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+    """The next message's frames, or None when nothing is queued (``recv_message_fd``)."""
+    received = recv_message_fd(sock)
+    return None if received is None else received[0]
+
+
+def recv_message_fd(
+    sock: zmq.Socket[bytes], *, probe: bool = True
+) -> tuple[list[bytes], int] | None:
+    """The next message's frames and the file descriptor of the connection it came from
+    (``ZMQ_SRCFD``; -1 when unknown, which tells an engine's own connection from a stranger's),
+    or None when nothing is queued.
 
     ZMQ's FD is edge-triggered: a reader drains until nothing is queued (``ZMQ_EVENTS`` without
     POLLIN, or EAGAIN, both of which re-arm the FD), or reschedules itself when it stops early.
@@ -45,17 +55,8 @@ def recv_message(sock: zmq.Socket[bytes], *, probe: bool = True) -> list[bytes] 
     costs pyzmq an exception object (``zmq.Again``, about 7 µs); a reader woken by its FD passes
     ``probe=False`` for its first receive, which then almost always finds a message and saves
     the ``ZMQ_EVENTS`` call (about 3 µs: a ``poll`` system call in libzmq plus pyzmq's option
-    lookup; one per engine per call at every size). Frames are received without copy so that
-    ``more`` needs no ZMQ_RCVMORE getsockopt."""
-    received = recv_message_fd(sock, probe=probe)
-    return None if received is None else received[0]
-
-
-def recv_message_fd(
-    sock: zmq.Socket[bytes], *, probe: bool = True
-) -> tuple[list[bytes], int] | None:
-    """Like ``recv_message``, plus the file descriptor of the connection it came from
-    (``ZMQ_SRCFD``; -1 when unknown), which tells an engine's own connection from a stranger's."""
+    lookup; ``python -m bench.hotpath``). Frames are received without copy so that ``more``
+    needs no ZMQ_RCVMORE getsockopt."""
     if probe and not get_option(sock, EVENTS) & POLLIN:
         return None
     try:

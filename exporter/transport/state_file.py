@@ -195,7 +195,7 @@ class StateWriter:
         self._faults = faults
         self._dirty = False
         self._task: asyncio.Task[None] | None = None
-        #: Writes done (for tests and the benchmark: how much coalescing happened).
+        #: Writes done (how much coalescing happened; tests/core/test_state_writer.py).
         self.writes = 0
 
     def request(self) -> None:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from exporter.transport.http import HttpFleetClient
 from tests.harness.apiservers import ApiServers, StartApi
 from tests.harness.service import ServiceFactory, Services
 
@@ -25,3 +26,12 @@ async def start_exporter() -> AsyncIterator[ServiceFactory]:
     services = Services(start=False)
     yield services.serve
     await services.close()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[HttpFleetClient]]:
+    """A list to append ``HttpFleetClient``s to; each is closed at the end of the test."""
+    made: list[HttpFleetClient] = []
+    yield made
+    for c in made:
+        await c.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,6 @@ from exporter.sim.engine import SimOptions
 from exporter.transport.http import HttpFleetClient, HttpTarget
 from exporter.transport.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
 from tests.harness.apiservers import HOST, StartApi, http_config
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[list[HttpFleetClient]]:
-    made: list[HttpFleetClient] = []
-    yield made
-    for c in made:
-        await c.close()
 
 
 async def client_for(

@@ -4,7 +4,6 @@ against simulated vLLM API servers over real HTTP on 127.0.0.1 (protocol doc F.4
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -239,14 +238,6 @@ def test_route_refuses_what_it_cannot_carry(method: str, args: tuple[Any, ...]) 
 
 
 # -- the client over real HTTP -------------------------------------------------------------
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[list[HttpFleetClient]]:
-    made: list[HttpFleetClient] = []
-    yield made
-    for c in made:
-        await c.close()
 
 
 async def client_for(made: list[HttpFleetClient], targets: list[str]) -> HttpFleetClient:

@@ -118,9 +118,7 @@ async def test_restarted_owner_remembers_what_engines_registered(tmp_path: Path)
             await second.next_polls(2)
             families = await second.scrape()
             for engine in ("0", "1"):
-                info = metric(
-                    families, "vllm_dp_engine_info", engine=engine, vllm_version="0.32.9"
-                )
+                info = metric(families, "vllm_dp_engine_info", engine=engine, vllm_version="0.32.9")
                 assert info == 1.0, engine
             status = await second.status()
             assert [e["handshakes"] for e in status["engines"]] == [0, 0]

@@ -239,7 +239,7 @@ async def test_html_page_lists_every_engine(fleet_factory: ServiceFactory) -> No
         assert row + "<td>awake</td>" in page
     assert "llama&lt;3&gt;" in page and "llama<3>" not in page
     assert 'id="v-is_sleeping" data-state="consistent"' in page
-    assert "CONSISTENT</strong> <span class=\"detail\">false (awake)</span>" in page
+    assert 'CONSISTENT</strong> <span class="detail">false (awake)</span>' in page
     assert "connected 3/3" in page
 
 
