@@ -18,6 +18,7 @@ from exporter.aggregate import fleet_outcome
 from exporter.checksums import ChecksumShapeError, compare, comparison_json, flatten
 from exporter.fleet import EngineOutcome, FleetClient, Outcome
 from exporter.invariants import PAUSED, SLEEPING, WEIGHT_VERSION, Invariant, is_unsupported
+from exporter.protocol.strings import bound_text
 
 PAUSE_MODES = ("abort", "wait", "keep")
 WAKE_TAGS = ("weights", "kv_cache")
@@ -111,7 +112,10 @@ def parse_wake_up(query: Query, body: bytes) -> ActionRequest:
     unique = sorted(set(tags))
     if not unique:  # everything: afterwards every engine must be awake
         return ActionRequest("wake_up", "wake_up", (None,), {"tags": None}, Check(SLEEPING, False))
-    return ActionRequest("wake_up", "wake_up", (unique,), {"tags": unique})
+    # Every tag named wakes everything too (vLLM clears its sleeping tags, then is_sleeping is
+    # false): the same read-back. The tags are still sent as asked.
+    check = Check(SLEEPING, False) if set(unique) == set(WAKE_TAGS) else None
+    return ActionRequest("wake_up", "wake_up", (unique,), {"tags": unique}, check)
 
 
 def parse_pause(query: Query, body: bytes) -> ActionRequest:
@@ -127,17 +131,29 @@ def parse_resume(query: Query, body: bytes) -> ActionRequest:
     return ActionRequest("resume", "resume_scheduler", (), {}, Check(PAUSED, False))
 
 
+def _is_text(value: str) -> bool:
+    """JSON's ``\\ud800`` escapes decode to lone surrogates, which no engine can be sent
+    (msgpack strings are UTF-8)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_weight_version(query: Query, body: bytes) -> ActionRequest:
     _single(query, set())
     try:
         data = json.loads(body or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # 1 KiB of "[" nests deeper than the decoder goes
         raise BadRequest('the body must be JSON: {"weight_version": "..."}') from None
     version = data.get("weight_version") if isinstance(data, dict) else None
     if not isinstance(version, str) or not 0 < len(version) <= MAX_WEIGHT_VERSION:
         raise BadRequest(
             f'the body must be {{"weight_version": "..."}} with 1-{MAX_WEIGHT_VERSION} characters'
         )
+    if not _is_text(version):
+        raise BadRequest("weight_version must be Unicode text (a lone surrogate escape is not)")
     if set(data) != {"weight_version"}:
         raise BadRequest("the body takes only weight_version")
     return ActionRequest(
@@ -220,7 +236,7 @@ def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, 
         if expect_true and outcome.value is not True:
             if outcome.value is False:
                 return "refused", None
-            return "failed", f"unexpected result {outcome.value!r}"
+            return "failed", bound_text(f"unexpected result {outcome.value!r}")
         return None, None
     if outcome.outcome is Outcome.TIMEOUT:
         return "timeout", outcome.error

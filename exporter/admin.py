@@ -42,12 +42,13 @@ from exporter.admin_guard import (
     source_key,
 )
 from exporter.aggregate import aggregate_all_true
+from exporter.basicauth import REALM as BASIC_REALM
+from exporter.basicauth import BasicAuth, protect
 from exporter.fleet import Outcome
+from exporter.httpguard import BAD_REQUESTS_KEY
 from exporter.logs import log_audit
 from exporter.reset import parse_reset, reset_body
 from exporter.runtime import Exporter
-from exporter.webconfig import REALM as BASIC_REALM
-from exporter.webconfig import BasicAuth, protect
 
 log = logging.getLogger("exporter.admin")
 
@@ -90,17 +91,49 @@ class AdminController:
         self._token = token.encode() if token is not None else None
         web = exporter.config.web
         self._basic = (
-            BasicAuth(web.users) if token is None and web is not None and web.users else None
+            BasicAuth(web.users, throttle=self.auth_throttle)
+            if token is None and web is not None and web.users
+            else None
         )
 
     # -- checks ----------------------------------------------------------------------------
 
-    async def _credentials_ok(self, request: web.Request) -> bool:
-        """The bearer token when one is configured, else the web config's basic auth users
-        when there are some, else nothing to check."""
-        if self._token is None and self._basic is not None:
-            return await self._basic.check(request.headers.get("Authorization", ""))
-        return self._token_ok(request)
+    async def _auth_refusal(
+        self, request: web.Request, audit: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """None when authenticated (the bearer token when one is configured, else the web
+        config's basic auth users when there are some, else nothing to check), else the 401
+        or 429 to answer. Only failed attempts are throttled, and per source: a correct token
+        (or a basic-auth credential already verified) is always accepted, whatever strangers
+        (or this address) tried before; basic auth asks the throttle before bcrypt runs."""
+        source = source_key(request.remote)
+        busy = False
+        if self._basic is not None:
+            header = request.headers.get("Authorization", "")
+            result = await self._basic.authenticate(header, source)
+            if result.ok:
+                return None
+            retry, busy = result.retry_after, result.reason == "busy"
+        else:
+            if self._token_ok(request):
+                return None
+            retry = self.auth_throttle.retry_after(source)
+            if retry <= 0:
+                self.auth_throttle.record_failure(source)
+        if retry > 0:
+            audit["outcome"] = "auth_rate_limited"
+            error = (
+                "too many authentication checks at once"
+                if busy
+                else "too many failed authentication attempts"
+            )
+            return 429, {"error": error}, {"Retry-After": str(max(1, math.ceil(retry)))}
+        audit["outcome"] = "unauthorized"
+        if self._basic is not None:
+            error, challenge = "missing or invalid basic-auth credentials", BASIC_REALM
+        else:
+            error, challenge = "missing or invalid bearer token", BEARER_REALM
+        return 401, {"error": error}, {"WWW-Authenticate": challenge}
 
     def _token_ok(self, request: web.Request) -> bool:
         """Constant-time comparison of the raw bytes presented (aiohttp hands header bytes
@@ -159,25 +192,9 @@ class AdminController:
         parse: Parser,
         state_changing: bool,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        if not await self._credentials_ok(request):
-            # Only failed attempts are throttled, and per source: a correct token is always
-            # accepted, whatever strangers (or this address) tried before.
-            source = source_key(request.remote)
-            retry = self.auth_throttle.retry_after(source)
-            if retry > 0:
-                audit["outcome"] = "auth_rate_limited"
-                return (
-                    429,
-                    {"error": "too many failed authentication attempts"},
-                    {"Retry-After": str(math.ceil(retry))},
-                )
-            self.auth_throttle.record_failure(source)
-            audit["outcome"] = "unauthorized"
-            if self._basic is not None:
-                error, challenge = "missing or invalid basic-auth credentials", BASIC_REALM
-            else:
-                error, challenge = "missing or invalid bearer token", BEARER_REALM
-            return 401, {"error": error}, {"WWW-Authenticate": challenge}
+        refusal = await self._auth_refusal(request, audit)
+        if refusal is not None:
+            return refusal
         body_or_problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
         if isinstance(body_or_problem, tuple):
             audit["outcome"] = "bad_request"
@@ -258,12 +275,12 @@ class AdminController:
         stats = exporter.stats
         if request.action == "verify_weights":
             result = await run_verify_weights(
-                exporter.client, timeout_s=config.verify_weights_timeout
+                exporter.fleet, timeout_s=config.verify_weights_timeout
             )
             if "mismatches" in result.extra:
                 stats.record_weight_verification(result.extra["mismatches"], time.time())
         else:
-            result = await run_action(exporter.client, request, timeout_s=config.action_timeout)
+            result = await run_action(exporter.fleet, request, timeout_s=config.action_timeout)
         verdict = result.verdict
         if verdict is None:
             stats.record_action(request.action, "failure")
@@ -286,10 +303,9 @@ class AdminController:
         started = time.perf_counter()
         timeout = exporter.config.reset_timeout or exporter.config.call_timeout
         flags = dict(request.params)
-        outcomes = await exporter.client.call_utility(
+        outcomes = await exporter.fleet.call_utility(
             "reset_prefix_cache", request.args, timeout_s=timeout
         )
-        stats.record_calls("reset_prefix_cache", outcomes)
         if all(o.outcome is Outcome.DISCONNECTED for o in outcomes):
             stats.record_reset("failure")
             stats.record_action("reset_prefix_cache", "failure")
@@ -339,6 +355,7 @@ def create_admin_app(
     protect(app, exporter.config.web, basic_auth=False)  # headers; auth is the controller's
     controller = AdminController(exporter, audit=audit)
     app[ADMIN_KEY] = controller
+    app[BAD_REQUESTS_KEY] = exporter.errors.http_listener("admin")
     app.router.add_post(RESET_PATH, controller.handle)
     for spec in ACTIONS.values():
         handler = controller.route(spec.name, spec.parse, spec.state_changing)

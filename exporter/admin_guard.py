@@ -1,9 +1,11 @@
 """The admin endpoint's bookkeeping, as pure classes (no I/O, an injectable clock).
 
-* ``AuthThrottle``: failed token attempts counted per source address. An address with too many
-  recent failures is told to wait (429); other addresses, and correct tokens from anywhere, are
-  never affected. The table is bounded: at most ``max_addresses`` entries of at most ``limit``
-  timestamps each; IPv6 clients are grouped by /64 (one host usually owns a whole /64).
+* ``AuthThrottle``: failed authentication attempts (admin tokens, basic-auth passwords on either
+  listener: ``exporter.basicauth``) counted per source address. An address with too many
+  recent failures is told to wait (429); other addresses, and correct credentials from
+  anywhere, are never affected. The table is bounded: at most ``max_addresses`` entries of at
+  most ``limit`` timestamps each; IPv6 clients are grouped by /64 (one host usually owns a
+  whole /64).
 * ``IdempotencyStore``: answers of completed resets by ``Idempotency-Key``, as the IETF
   Idempotency-Key draft describes: a retry with the same key and the same parameters gets the
   stored answer, the same key with other parameters is refused (422), and the same key while its
@@ -50,7 +52,8 @@ def source_key(remote: str | None) -> str:
 
 class AuthThrottle:
     """``limit`` failed attempts within ``window_s`` make one source wait until the oldest of
-    them is ``window_s`` old. Never consulted for a correct token."""
+    them is ``window_s`` old. Never consulted for a correct token (nor for a basic-auth
+    credential already verified)."""
 
     def __init__(
         self,
@@ -77,18 +80,27 @@ class AuthThrottle:
                 break
             del self._failures[source]
 
+    def _recent(self, source: str, now: float) -> deque[float] | None:
+        """``source``'s failure times within the window (None when it has none on record)."""
+        self._expire(now)
+        times = self._failures.get(source)
+        while times and now - times[0] >= self.window_s:
+            times.popleft()
+        return times
+
     def retry_after(self, source: str) -> float:
         """Seconds until ``source`` may try another token (0 when it may now)."""
         now = self._clock()
-        self._expire(now)
-        times = self._failures.get(source)
-        if times is None:
-            return 0.0
-        while times and now - times[0] >= self.window_s:
-            times.popleft()
-        if len(times) < self.limit:
+        times = self._recent(source, now)
+        if times is None or len(times) < self.limit:
             return 0.0
         return max(self.window_s - (now - times[0]), 0.001)
+
+    def remaining(self, source: str) -> int:
+        """Failed attempts ``source`` may still make in the window: a caller with slow checks
+        (bcrypt) admits no more attempts at once than this, so concurrency cannot beat it."""
+        times = self._recent(source, self._clock())
+        return self.limit - (len(times) if times is not None else 0)
 
     def record_failure(self, source: str) -> None:
         now = self._clock()

@@ -13,6 +13,7 @@ from typing import Any
 
 from exporter.error import InconsistentUtilityResults, NoEngines
 from exporter.fleet import EngineOutcome, Outcome
+from exporter.protocol.strings import bound_text
 
 
 class FleetState(str, enum.Enum):
@@ -130,7 +131,8 @@ def aggregate_all_true(method: str, outcomes: Sequence[EngineOutcome]) -> AllTru
         if reason is not None:
             error = o.error
             if reason == "failed" and o.outcome is Outcome.OK:
-                error = f"unexpected result {o.value!r}"
+                # Strings in it are cut already; a long list of numbers is not.
+                error = bound_text(f"unexpected result {o.value!r}")
             failures.append(EngineFailure(o.engine, reason, error))
     return AllTrueVerdict(method, not failures, tuple(outcomes), tuple(failures))
 
@@ -143,7 +145,7 @@ def require_bool(outcomes: Sequence[EngineOutcome]) -> list[EngineOutcome]:
             o = EngineOutcome(
                 o.engine,
                 Outcome.FAILED,
-                error=f"expected a boolean, got {o.value!r}",
+                error=bound_text(f"expected a boolean, got {o.value!r}"),
                 duration_s=o.duration_s,
             )
         checked.append(o)

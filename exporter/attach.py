@@ -34,20 +34,25 @@ def build_fleet(
     errors: ProtocolErrorTally,
     *,
     relay_handshakes: Counter[str] | None = None,
+    state_file_writes: Counter[str] | None = None,
     on_change: ChangeCallback | None = None,
 ) -> FleetClient:
     """The ``FleetClient`` of ``config.attach``. ``on_change`` is called when an engine comes
-    up or goes down; ``relay_handshakes`` receives one result per relayed handshake."""
+    up or goes down; ``relay_handshakes`` receives one result per relayed handshake and
+    ``state_file_writes`` one outcome per state-file write (owner and relay mode)."""
+    writes = state_file_writes
     if config.attach == "owner":
         owner = owner_config(config)
         return EngineCoreClient(
-            lambda listener: OwnerTransport(owner, listener, errors), errors, on_change=on_change
+            lambda listener: OwnerTransport(owner, listener, errors, state_writes=writes),
+            errors,
+            on_change=on_change,
         )
     if config.attach == "relay":
         relay = relay_config(config)
         counter = relay_handshakes if relay_handshakes is not None else Counter()
         return EngineCoreClient(
-            lambda listener: RelayTransport(relay, listener, errors, counter),
+            lambda listener: RelayTransport(relay, listener, errors, counter, state_writes=writes),
             errors,
             on_change=on_change,
         )

@@ -206,7 +206,11 @@ class EngineCoreClient:
                     fanout.resolve(idx, self._disconnected(idx, str(exc)))
                     continue
                 call_id = self._allocate_id()
-                payload = encode_utility_request(slot, call_id, method, args)
+                try:
+                    payload = encode_utility_request(slot, call_id, method, args)
+                except ValueError as exc:  # a client_index no engine can have: never sent
+                    fanout.resolve(idx, self._disconnected(idx, str(exc)))
+                    continue
                 self._pending[call_id] = _Pending(idx, fanout, time.perf_counter())
                 sent.append(call_id)
                 try:

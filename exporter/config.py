@@ -24,6 +24,7 @@ from exporter.config_rules import (
     check_bounds,
     check_type,
     flag,
+    open_to_everyone,
     read_text_file,
     read_token_file,
     split_targets,
@@ -220,6 +221,8 @@ def _load_file(path: str) -> dict[str, Any]:
             raise ConfigError("TOML config files need Python 3.11+; use JSON")
     except ValueError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    except RecursionError:  # both decoders recurse once per level of nesting
+        raise ConfigError(f"config file {path}: nested too deeply to be a config file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table/object at the top level")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
@@ -231,6 +234,15 @@ def env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     known = [f.name for f in fields(ServeConfig) if f.name not in DERIVED] + ["config"]
     return unknown_env(env, ENV_PREFIX, known)
+
+
+def secret_file_warnings(config: ServeConfig) -> list[str]:
+    """One warning per token file every user on the host can read (logged by ``serve``)."""
+    files = [("--admin-token-file", config.admin_token_file)]
+    if config.attach == "http":
+        files.append(("--http-token-file", config.http_token_file))
+    found = (open_to_everyone(path, what) for what, path in files if path)
+    return [warning for warning in found if warning is not None]
 
 
 def resolve_config(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -51,6 +53,22 @@ def read_token_file(path: str, what: str) -> str:
     return token
 
 
+def open_to_everyone(path: str, what: str) -> str | None:
+    """A warning when every user on the host may read (or write) a secret file, as ssh warns
+    about keys; None otherwise. Group access is allowed: a Kubernetes Secret volume gives a
+    non-root container its token as 0440 (root, the pod's fsGroup). Never reads the content."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if not mode & (stat.S_IROTH | stat.S_IWOTH):
+        return None
+    return (
+        f"{what} {path} is accessible to every user on this host (mode {mode:04o}); "
+        "restrict it: chmod 600, or 640/440 for a group that needs it"
+    )
+
+
 # -- types (values from a config file, or given in code) -----------------------------------
 
 _JSON_NAMES = {
@@ -68,7 +86,10 @@ def _shown(value: Any) -> str:
     kind = next((n for t, n in _JSON_NAMES.items() if type(value) is t), type(value).__name__)
     if value is None:
         return kind
-    text = json.dumps(value, default=str)
+    try:
+        text = json.dumps(value, default=str)
+    except (RecursionError, ValueError):  # a value nested nearly as deep as the decoder goes
+        return f"{kind} nested too deeply"
     return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 
 

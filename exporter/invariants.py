@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.fleet import EngineOutcome, Outcome
+from exporter.protocol.strings import bound_text
 
 #: What vLLM's dispatch answers for a method the engine does not have (docs/protocol.md C.3),
 #: and what the HTTP transport answers for a route the API server does not have.
@@ -62,7 +63,7 @@ def require_type(invariant: Invariant, outcomes: Iterable[EngineOutcome]) -> lis
             o = EngineOutcome(
                 o.engine,
                 Outcome.FAILED,
-                error=f"expected {invariant.expected}, got {o.value!r}"[:200],
+                error=bound_text(f"expected {invariant.expected}, got {o.value!r}"),
                 duration_s=o.duration_s,
             )
         checked.append(o)

@@ -165,10 +165,13 @@ def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_re
         b.add(mismatches, (engine,), float(count))
     b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
     b.counter("vllm_dp_task_failures_total", _single(errors.task_failures))
+    b.counter("vllm_dp_http_bad_requests_total", _single(errors.http_bad_requests))
     b.counter("vllm_dp_polls_total", {(): st.polls})
     b.counter("vllm_dp_admin_requests_total", st.admin_requests)
     if include_relay:
         b.counter("vllm_dp_relay_handshakes_total", _single(st.relay_handshakes))
+    if st.state_file_writes:  # owner and relay mode (their transports preset it)
+        b.counter("vllm_dp_state_file_writes_total", _single(st.state_file_writes))
 
 
 class ExporterCollector(Collector):

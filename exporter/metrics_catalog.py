@@ -34,6 +34,8 @@ FLEET_STATES = ("consistent", "inconsistent", "unknown")
 CALL_OUTCOMES = ("ok", "failed", "timeout", "disconnected", "inconsistent")
 RESET_OUTCOMES = ("success", "partial_failure", "failure")
 RESET_FAILURE_REASONS = ("refused", "failed", "timeout", "disconnected")
+#: Outcomes of a state-file write (owner and relay mode).
+STATE_FILE_OUTCOMES = ("ok", "failed")
 #: Every admin action (exporter.actions, the prefix-cache reset, the weight verification).
 ADMIN_ACTIONS = (
     "reset_prefix_cache",
@@ -216,6 +218,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "each was logged and restarted.",
     ),
     MetricSpec(
+        "vllm_dp_http_bad_requests_total",
+        "counter",
+        ("listener",),
+        "Malformed HTTP requests (bad request line, header or version) answered 400 before any "
+        "route ran, by listener (metrics, admin); logged at most once a minute per listener.",
+    ),
+    MetricSpec(
         "vllm_dp_poll_duration_seconds",
         "gauge",
         (),
@@ -242,6 +251,14 @@ METRICS: tuple[MetricSpec, ...] = (
         ("result",),
         "Engine handshakes relayed to the upstream front end, by result.",
         modes=("relay",),
+    ),
+    MetricSpec(
+        "vllm_dp_state_file_writes_total",
+        "counter",
+        ("outcome",),
+        "Writes of the --state-file, by outcome (ok, failed: logged once per reason); a restarted "
+        "exporter finds its engines only in the last written file. 0 without --state-file.",
+        modes=("owner", "relay"),
     ),
     MetricSpec(
         "vllm_dp_exporter_build_info", "gauge", ("version",), "Always 1; the exporter's version."

@@ -21,6 +21,10 @@ from exporter.stats import Stats
 
 log = logging.getLogger("exporter.poller")
 
+#: The inconsistency warning (every engine's value) is logged at most once per method this
+#: often; the polls in between are counted in the next line (and always in the metrics).
+INCONSISTENCY_LOG_INTERVAL_S = 60.0
+
 
 class Poller:
     """Owns the latest snapshot; ``snapshot`` is what scrapes and /status read."""
@@ -34,6 +38,8 @@ class Poller:
         call_timeout_s: float,
         jitter: float = 0.1,
         wall_clock: Callable[[], float] = time.time,
+        log_interval_s: float = INCONSISTENCY_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._stats = stats
@@ -41,6 +47,11 @@ class Poller:
         self.call_timeout_s = call_timeout_s
         self.jitter = jitter
         self._wall = wall_clock
+        self._clock = clock
+        self.log_interval_s = log_interval_s
+        #: method → when its inconsistency was last logged, and the polls not logged since.
+        self._warned_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
         #: method → {engine: its handshake count when it said it has no such method}.
         self._unsupported: dict[str, dict[str, int]] = {}
@@ -165,14 +176,11 @@ class Poller:
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:
-        stats = self._stats
-        for method, outcomes in results.items():
-            if outcomes:
-                stats.record_calls(method, outcomes)
+        stats = self._stats  # the calls themselves are counted by the client (CountedFleet)
         inconsistent = [v for v in snap.verdicts.values() if v.state is FleetState.INCONSISTENT]
         stats.record_poll(v.method for v in inconsistent)
         for verdict in inconsistent:
-            log.warning("%s", verdict.error)
+            self._warn_inconsistent(verdict)
         self.history.record(
             snap.taken_at_unix,
             {m: v.state.value for m, v in snap.verdicts.items()},
@@ -180,6 +188,19 @@ class Poller:
             snap.expected,
         )
         self._snapshot = snap
+
+    def _warn_inconsistent(self, verdict: ConsensusVerdict) -> None:
+        """One warning per method per ``log_interval_s``: a disagreement lasting for hours
+        would otherwise log every engine's value every poll."""
+        method, now = verdict.method, self._clock()
+        last = self._warned_at.get(method)
+        if last is not None and now - last < self.log_interval_s:
+            self._unlogged[method] = self._unlogged.get(method, 0) + 1
+            return
+        self._warned_at[method] = now
+        unlogged = self._unlogged.pop(method, 0)
+        more = f" ({unlogged} more inconsistent polls since last report)" if unlogged else ""
+        log.warning("%s%s", verdict.error, more)
 
     async def _sleep_or_wake(self, delay: float) -> None:
         """Wait ``delay`` seconds or until ``poll_soon``. Not ``asyncio.wait_for``: before

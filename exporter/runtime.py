@@ -18,6 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.attach import build_fleet
 from exporter.config import ServeConfig
+from exporter.counted import CountedFleet
 from exporter.exposition import render_text
 from exporter.faults import ProtocolErrorTally
 from exporter.fleet import FleetClient
@@ -74,11 +75,14 @@ class Exporter:
                 config,
                 self.errors,
                 relay_handshakes=self.stats.relay_handshakes,
+                state_file_writes=self.stats.state_file_writes,
                 on_change=self._on_fleet_change,
             )
         )
+        #: ``client`` as every caller uses it: each call's outcomes are counted on the way back.
+        self.fleet = CountedFleet(self.client, self.stats)
         self.poller = Poller(
-            self.client,
+            self.fleet,
             self.stats,
             interval_s=config.poll_interval,
             call_timeout_s=config.call_timeout,
@@ -98,7 +102,7 @@ class Exporter:
         self.self_registry = build_registry(*own)
         self.openmetrics_registry = build_registry(self.collector, *own)
         self.gate = Gate(
-            self.client,
+            self.fleet,
             timeout_s=config.call_timeout,
             min_interval_s=config.gate_min_interval,
         )
@@ -112,13 +116,15 @@ class Exporter:
     def _state_version(self) -> tuple[int, ...]:
         """The render cache's key: every change a scrape could show bumps one of these (a
         published poll, a counter in ``Stats`` or the fault tally, a handshake before the
-        first poll, a relayed handshake), so a cached body is never older than the state."""
+        first poll, a relayed handshake, a state-file write), so a cached body is never older
+        than the state."""
         return (
             self.poller.snapshot.poll_number,
             self.client.connected_count(),
             self.stats.generation,
             self.errors.generation,
             sum(self.stats.relay_handshakes.values()),
+            sum(self.stats.state_file_writes.values()),
         )
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:

@@ -15,16 +15,16 @@ import zmq
 from aiohttp import web
 
 from exporter.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
+from exporter.basicauth import protect
 from exporter.config import ServeConfig
 from exporter.error import ExporterError
 from exporter.gate import GateRequestError, parse_conditions
-from exporter.httpguard import guarded_runner
+from exporter.httpguard import BAD_REQUESTS_KEY, guarded_runner
 from exporter.negotiation import VARY, wants_gzip
 from exporter.runtime import Exporter
 from exporter.statusdoc import status_json as status_json  # re-exported (older imports)
 from exporter.statuspage import HEADERS as PAGE_HEADERS
 from exporter.statuspage import render_page
-from exporter.webconfig import protect
 
 log = logging.getLogger("exporter.server")
 
@@ -97,7 +97,8 @@ async def index(request: web.Request) -> web.Response:
 def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.Application:
     """The main application; its cleanup context runs the exporter and the admin listener."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-    app[EXPORTER_KEY] = exporter if exporter is not None else Exporter(config)
+    app[EXPORTER_KEY] = exporter = exporter if exporter is not None else Exporter(config)
+    app[BAD_REQUESTS_KEY] = exporter.errors.http_listener("metrics")
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -12,7 +12,7 @@ import zmq
 from aiohttp import web
 
 from exporter import eventloop
-from exporter.config import ServeConfig, env_warnings, resolve_config
+from exporter.config import ServeConfig, env_warnings, resolve_config, secret_file_warnings
 from exporter.error import ConfigError, ExporterError
 from exporter.httpguard import guarded_runner
 from exporter.logs import configure_logging
@@ -30,6 +30,8 @@ async def serve(
     ``freeze_heap``: ``freeze_startup_heap`` once listening (the ``serve`` command's process)."""
     stop = stop or asyncio.Event()
     log.debug("configuration: %r", config)  # secrets are repr=False: never logged
+    for warning in secret_file_warnings(config):  # names the file and its mode, never the token
+        log.warning("%s", warning)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

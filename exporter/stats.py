@@ -118,6 +118,8 @@ class Stats:
     last_weight_verification_unix: float | None = None
     #: Incremented by the relay transport itself (it knows nothing of ``Stats``).
     relay_handshakes: Counter[str] = field(default_factory=Counter)
+    #: Outcome → state-file writes, incremented by the ZMQ transports (preset there).
+    state_file_writes: Counter[str] = field(default_factory=Counter)
     polls: int = 0
     generation: int = 0
     #: When these counters started (the process's start, in practice).

@@ -13,8 +13,11 @@ configuration format (the file node_exporter & co. take with ``--web.config.file
       prometheus: $2y$10$...           # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\\n')
 
 Everything is checked when the file is loaded (``load_web_config``), with one-line
-``ConfigError`` messages naming the file and the key: unknown keys, unreadable or mismatched
-certificate files, a ``client_auth_type`` that is none of the five, hashes that are not bcrypt.
+``ConfigError`` messages naming the file and the key: unknown keys, a key given twice in one
+mapping (exporter-toolkit's strict YAML refuses it too; otherwise the last would silently win),
+nesting too deep to read, unreadable or mismatched certificate files, a ``client_auth_type``
+that is none of the five, a ``min_version`` above ``max_version`` (no handshake could succeed),
+hashes that are not bcrypt. Basic auth itself is ``exporter.basicauth``.
 
 Differences from exporter-toolkit, each refused with a message rather than ignored:
 ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and inline ``cert``/``key``
@@ -26,29 +29,15 @@ ignored (the listeners speak HTTP/1.1).
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
-import logging
-import os
 import re
+import reprlib
 import ssl
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.error import ConfigError
-
-if TYPE_CHECKING:  # aiohttp is imported where it is used: config loading stays light
-    from aiohttp import web
-
-    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-log = logging.getLogger("exporter.http")
 
 CLIENT_AUTH_TYPES: dict[str, ssl.VerifyMode] = {
     "NoClientCert": ssl.CERT_NONE,
@@ -87,12 +76,10 @@ ALLOWED_HEADERS = (
     "Content-Security-Policy",
 )
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
-#: Paths answered without basic auth (probes; neither reveals engine addresses). TLS, being the
-#: listener's, covers them too.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-REALM = 'Basic realm="vllm-dp-exporter", charset="UTF-8"'
-#: A valid cost-10 hash of a random password: unknown users cost as much as known ones.
-_DUMMY_HASH = b"$2b$10$RmNe6gf7JJmtmro4OsliaOdfK2ybDX7qw.ZG0M7zJiiv3/Obc0P9K"
+DEFAULT_MIN_VERSION = "TLS12"
+#: Values quoted in messages are cut short: a YAML alias can make a small file a huge value.
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother = 3, 60, 60
 
 
 @dataclass(frozen=True)
@@ -122,13 +109,13 @@ def _mapping(
         if key in unsupported:
             raise ConfigError(f"{where}: {key} is not supported by vllm-dp-exporter")
         if key not in keys:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(keys)})")
+            raise ConfigError(f"{where}: unknown key {_short.repr(key)} (known: {', '.join(keys)})")
     return value
 
 
 def _string(where: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+        raise ConfigError(f"{where} must be a non-empty string, got {_short.repr(value)}")
     return value
 
 
@@ -152,17 +139,10 @@ def _tls_context(where: str, base: Path, tls: dict[str, Any]) -> tuple[ssl.SSLCo
     cert = _readable(f"{where}.cert_file", base, tls["cert_file"])
     key = _readable(f"{where}.key_file", base, tls["key_file"])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    for name, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-        if tls.get(name) is None:
-            continue
-        version = TLS_VERSIONS.get(tls[name])
-        if version is None:
-            raise ConfigError(
-                f"{where}.{name} must be one of {', '.join(TLS_VERSIONS)}, got {tls[name]!r}"
-            )
-        setattr(ctx, attr, version)
-    if tls.get("min_version") is None:
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    lowest, highest = _tls_versions(where, tls)
+    ctx.minimum_version = TLS_VERSIONS[lowest]
+    if highest is not None:
+        ctx.maximum_version = TLS_VERSIONS[highest]
     try:
         ctx.load_cert_chain(cert, key)
     except ssl.SSLError as exc:
@@ -176,11 +156,11 @@ def _tls_context(where: str, base: Path, tls: dict[str, Any]) -> tuple[ssl.SSLCo
     if prefer:
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     raw_auth = tls.get("client_auth_type") or "NoClientCert"
-    auth = CLIENT_AUTH_ALIASES.get(raw_auth, raw_auth)
+    auth = CLIENT_AUTH_ALIASES.get(raw_auth, raw_auth) if isinstance(raw_auth, str) else None
     if auth not in CLIENT_AUTH_TYPES:
         raise ConfigError(
             f"{where}.client_auth_type must be one of {', '.join(CLIENT_AUTH_TYPES)}, "
-            f"got {raw_auth!r}"
+            f"got {_short.repr(raw_auth)}"
         )
     has_ca = tls.get("client_ca_file") is not None or tls.get("client_ca") is not None
     if auth == "NoClientCert" and has_ca:
@@ -207,6 +187,27 @@ def _tls_context(where: str, base: Path, tls: dict[str, Any]) -> tuple[ssl.SSLCo
     return ctx, auth
 
 
+def _tls_versions(where: str, tls: dict[str, Any]) -> tuple[str, str | None]:
+    """The names of the lowest and highest TLS versions (None: no upper bound), refusing a
+    range no handshake could use."""
+    names: dict[str, str | None] = {}
+    for name in ("min_version", "max_version"):
+        value = tls.get(name)
+        if value is not None and (not isinstance(value, str) or value not in TLS_VERSIONS):
+            raise ConfigError(
+                f"{where}.{name} must be one of {', '.join(TLS_VERSIONS)}, got {_short.repr(value)}"
+            )
+        names[name] = value
+    lowest, highest = names["min_version"] or DEFAULT_MIN_VERSION, names["max_version"]
+    if highest is not None and TLS_VERSIONS[lowest] > TLS_VERSIONS[highest]:
+        default = "" if names["min_version"] else " (the default)"
+        raise ConfigError(
+            f"{where}: min_version {lowest}{default} is above max_version {highest}: no "
+            "handshake can succeed"
+        )
+    return lowest, highest
+
+
 def _users(where: str, value: Any) -> dict[bytes, bytes]:
     if value is None:
         return {}
@@ -215,7 +216,9 @@ def _users(where: str, value: Any) -> dict[bytes, bytes]:
     users = {}
     for name, hashed in value.items():
         if not isinstance(name, str) or not name or ":" in name:
-            raise ConfigError(f"{where}: username {name!r} must be a non-empty string without ':'")
+            raise ConfigError(
+                f"{where}: username {_short.repr(name)} must be a non-empty string without ':'"
+            )
         # Never echo a hash: it is offline-attackable.
         if not isinstance(hashed, str) or not BCRYPT_HASH.fullmatch(hashed):
             raise ConfigError(
@@ -236,12 +239,59 @@ def _headers(where: str, value: Any) -> dict[str, str]:
         canonical = allowed.get(str(name).lower())
         if canonical is None:
             raise ConfigError(
-                f"{where}: header {name!r} may not be set (allowed: {', '.join(ALLOWED_HEADERS)})"
+                f"{where}: header {_short.repr(name)} may not be set "
+                f"(allowed: {', '.join(ALLOWED_HEADERS)})"
             )
         if not isinstance(text, str) or any(c in text for c in "\r\n\0"):
             raise ConfigError(f"{where}.{name} must be a one-line string")
+        if canonical in out:  # header names are case-insensitive: one would silently win
+            raise ConfigError(f"{where}: {canonical} is set twice")
         out[canonical] = text
     return out
+
+
+def _duplicate_keys(where: str, root: Any) -> None:
+    """Refuse a key given twice in one mapping (PyYAML keeps the last one silently). Walks the
+    composed nodes without recursion, each node once (aliases share nodes)."""
+    import yaml
+
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, name) in keys:
+                        at = f"{path}: " if path else ""
+                        raise ConfigError(
+                            f"{where}: {at}duplicate key {_short.repr(name)} at line "
+                            f"{key.start_mark.line + 1} (each key may be given once)"
+                        )
+                    keys.add((key.tag, name))
+                stack.append((value, f"{path}.{name}" if path else str(name)))
+
+
+def _parse_yaml(where: str, text: str) -> Any:
+    """``yaml.safe_load``, refusing duplicate keys (``ConfigError``)."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _duplicate_keys(where, node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_web_config(path: str) -> WebConfig:
@@ -256,7 +306,9 @@ def load_web_config(path: str) -> WebConfig:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where} is not UTF-8 text (byte {exc.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = _parse_yaml(where, text)
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -280,115 +332,3 @@ def load_web_config(path: str) -> WebConfig:
         users=_users(f"{where}: basic_auth_users", top.get("basic_auth_users")),
         headers=_headers(f"{where}: http_server_config.headers", http.get("headers")),
     )
-
-
-class BasicAuth:
-    """Checks ``Authorization: Basic`` credentials against bcrypt hashes.
-
-    bcrypt costs ~100 ms per check by design, so verdicts are cached: the key is an HMAC
-    (with a per-process random key) of the username and password, never the password itself,
-    and the cache is a bounded LRU. At most ``max_concurrent`` checks run at once, in threads
-    (the event loop, hence the poller, keeps running). Unknown users are checked against a
-    dummy hash, so they take as long as known ones; the comparison is constant-time."""
-
-    def __init__(
-        self, users: Mapping[bytes, bytes], *, cache_size: int = 256, max_concurrent: int = 4
-    ) -> None:
-        self._users = dict(users)
-        self._key = os.urandom(32)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._cache_size = cache_size
-        self._slots = asyncio.Semaphore(max_concurrent)
-        self.bcrypt_checks = 0
-
-    @staticmethod
-    def parse(header: str) -> tuple[bytes, bytes] | None:
-        scheme, _, encoded = header.strip().partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            decoded = base64.b64decode(encoded.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        user, sep, password = decoded.partition(b":")
-        return (user, password) if sep else None
-
-    def _check(self, user: bytes, password: bytes) -> bool:
-        import bcrypt
-
-        known = user in self._users
-        hashed = self._users.get(user, _DUMMY_HASH)
-        self.bcrypt_checks += 1
-        try:
-            computed = bcrypt.hashpw(password, hashed)
-        except ValueError:  # a password longer than bcrypt's 72 bytes
-            return False
-        return hmac.compare_digest(computed, hashed) and known
-
-    async def check(self, header: str) -> bool:
-        """Whether ``header`` (an Authorization header's value) names a user and its password."""
-        parsed = self.parse(header)
-        if parsed is None:
-            return False
-        user, password = parsed
-        digest = hmac.new(
-            self._key, len(user).to_bytes(4, "big") + user + password, hashlib.sha256
-        ).digest()
-        cached = self._cache.get(digest)
-        if cached is None:
-            async with self._slots:
-                cached = await asyncio.to_thread(self._check, user, password)
-            self._cache[digest] = cached
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(digest)
-        return cached
-
-
-def unauthorized() -> web.Response:
-    from aiohttp import web
-
-    return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": REALM})
-
-
-def protect(
-    app: web.Application,
-    config: WebConfig | None,
-    *,
-    basic_auth: bool = True,
-    open_paths: Collection[str] = OPEN_PATHS,
-) -> None:
-    """Apply ``config`` to ``app`` (before it starts): the configured response headers, and
-    (``basic_auth``) a middleware asking every path but ``open_paths`` for basic auth. TLS is
-    the listener's: ``config.ssl_context`` goes to the ``TCPSite``."""
-    from aiohttp import web
-
-    if config is None:
-        return
-    if config.headers:
-        headers = dict(config.headers)
-
-        async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
-            for name, value in headers.items():  # a header the route set itself is kept
-                response.headers.setdefault(name, value)
-
-        app.on_response_prepare.append(add_headers)
-    if basic_auth and config.users:
-        checker = BasicAuth(config.users)
-
-        @web.middleware
-        async def require_basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path not in open_paths and not await checker.check(
-                request.headers.get("Authorization", "")
-            ):
-                log.debug(
-                    "%s %s from %s: basic auth missing or wrong",
-                    request.method,
-                    request.path,
-                    request.remote,
-                )
-                return unauthorized()
-            return await handler(request)
-
-        app.middlewares.append(require_basic_auth)

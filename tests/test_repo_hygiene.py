@@ -27,7 +27,13 @@ LAYERS: list[set[str]] = [
         "exporter.webconfig",
         "exporter.eventloop",
     },
-    {"exporter.tasks", "exporter.protocol", "exporter.fleet", "exporter.config"},
+    {
+        "exporter.tasks",
+        "exporter.protocol",
+        "exporter.fleet",
+        "exporter.config",
+        "exporter.basicauth",
+    },
     {
         "exporter.transport",
         "exporter.aggregate",
@@ -36,7 +42,7 @@ LAYERS: list[set[str]] = [
         "exporter.history",
     },
     {"exporter.client", "exporter.snapshot", "exporter.stats", "exporter.actions"},
-    {"exporter.attach", "exporter.poller", "exporter.metrics", "exporter.gate"},
+    {"exporter.attach", "exporter.counted", "exporter.poller", "exporter.metrics", "exporter.gate"},
     {"exporter.exposition", "exporter.statusdoc"},
     {"exporter.runtime", "exporter.statuspage"},
     {"exporter.reset"},

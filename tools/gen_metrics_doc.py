@@ -26,6 +26,7 @@ from exporter.metrics_catalog import (  # noqa: E402
     METRICS,
     RESET_FAILURE_REASONS,
     RESET_OUTCOMES,
+    STATE_FILE_OUTCOMES,
 )
 
 HEADER = """# Metrics reference
@@ -57,6 +58,8 @@ FOOTER = f"""
 | `vllm_dp_prefix_cache_resets_total{{outcome}}` | {", ".join(f"`{s}`" for s in RESET_OUTCOMES)} |
 | `vllm_dp_prefix_cache_reset_engine_failures_total{{reason}}` | \
 {", ".join(f"`{s}`" for s in RESET_FAILURE_REASONS)} |
+| `vllm_dp_state_file_writes_total{{outcome}}` | \
+{", ".join(f"`{s}`" for s in STATE_FILE_OUTCOMES)} |
 
 Note that vLLM's `is_sleeping` is also true while an engine's scheduler is merely paused; the
 `paused` engine state tells the two apart.

@@ -14,12 +14,17 @@ import msgspec
 
 from exporter.error import ProtocolError
 from exporter.protocol.codec import decode
+from exporter.protocol.strings import bound_text, bound_value
 
 #: Request-type byte of a UTILITY request; the only type the exporter ever sends.
 UTILITY_REQUEST_TYPE = b"\x03"
 #: Single-frame sentinel an engine sends on every output socket before dying.
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 UINT64_MAX = 2**64 - 1
+#: Largest client_index the encoder packs. It indexes an engine's list of client output sockets
+#: (one per API server, plus the exporter's): never more than a few, and an engine indexes it
+#: unchecked, so anything larger is refused before it reaches the wire.
+MAX_CLIENT_INDEX = 1023
 
 
 class UtilityRequest(msgspec.Struct, array_like=True, frozen=True):
@@ -87,8 +92,10 @@ def encode_utility_request(
     """Encode a UTILITY payload frame (the frame after the type byte)."""
     if not 0 <= call_id <= UINT64_MAX:
         raise ValueError(f"call_id must be an unsigned 64-bit integer, got {call_id}")
-    if client_index < 0:
-        raise ValueError(f"client_index must be >= 0, got {client_index}")
+    if type(client_index) is not int or not 0 <= client_index <= MAX_CLIENT_INDEX:
+        raise ValueError(
+            f"client_index must be an int in 0..{MAX_CLIENT_INDEX}, got {client_index!r}"
+        )
     return _request_encoder.encode(UtilityRequest(client_index, call_id, method, tuple(args)))
 
 
@@ -107,16 +114,20 @@ def unwrap_result(result: Any) -> Any:
 
 
 def decode_engine_outputs(payload: bytes) -> EngineOutput:
-    """Decode one ``EngineCoreOutputs`` frame; raises ``ProtocolError`` on malformed input."""
+    """Decode one ``EngineCoreOutputs`` frame; raises ``ProtocolError`` on malformed input.
+
+    The failure text and every string of the result are cut here (``exporter.protocol.strings``),
+    so nothing above sees more than ``MAX_ENGINE_STRING`` bytes of one engine string.
+    """
     wire = decode(payload, "EngineCoreOutputs", _outputs_decoder)
     out = wire.utility_output
     if out is None:
         return EngineOutput(wire.engine_index, None)
     if out.failure_message is not None:
-        return EngineOutput(wire.engine_index, UtilityReply(out.call_id, out.failure_message, None))
-    return EngineOutput(
-        wire.engine_index, UtilityReply(out.call_id, None, unwrap_result(out.result))
-    )
+        failure = bound_text(out.failure_message)
+        return EngineOutput(wire.engine_index, UtilityReply(out.call_id, failure, None))
+    value = bound_value(unwrap_result(out.result))
+    return EngineOutput(wire.engine_index, UtilityReply(out.call_id, None, value))
 
 
 def encode_utility_reply(

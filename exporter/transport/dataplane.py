@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -57,13 +58,8 @@ from exporter.transport.links import (
     send_frame,
 )
 from exporter.transport.linkstate import CALLABLE, EngineLinks
-from exporter.transport.state_file import (
-    StateSnapshot,
-    StateWriter,
-    read_state,
-    records_of,
-    restore_links,
-)
+from exporter.transport.state_check import StateExpectation
+from exporter.transport.state_file import StateFile, StateSnapshot, records_of
 
 log = logging.getLogger("exporter.transport")
 
@@ -81,6 +77,11 @@ class EngineDataPlane(EngineLinks):
     #: The output PULL and its monitor are shared by every engine: ``SOCKETS_BASE``.
     SOCKETS_PER_ENGINE = sockets.SOCKETS_PER_ENGINE
     FDS_PER_ENGINE = sockets.FDS_PER_ENGINE
+    #: The exporter's slot on every engine when the mode fixes it (owner: 0); a state file
+    #: naming any other is not believed.
+    FIXED_SLOT: int | None = None
+    #: What ignoring a state file means in this mode (the end of its warning).
+    IGNORED_STATE = "its engines are not restored"
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class EngineDataPlane(EngineLinks):
         errors: ProtocolErrorTally,
         *,
         context: zmq.asyncio.Context | None = None,
+        state_writes: Counter[str] | None = None,
     ) -> None:
         super().__init__(shape)
         self._listener = listener
@@ -110,11 +112,9 @@ class EngineDataPlane(EngineLinks):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handshake_side = HandshakeSocket(self._ctx, errors, self._on_handshake_frames)
         self.input_address = ""
-        self._state_writer = (
-            StateWriter(shape.state_file, self._state_snapshot, errors)
-            if shape.state_file
-            else None
-        )
+        #: State-file writes by outcome (``vllm_dp_state_file_writes_total``).
+        self.state_writes: Counter[str] = state_writes if state_writes is not None else Counter()
+        self._state = StateFile(shape.state_file, self._state_snapshot, errors, self.state_writes)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -132,6 +132,7 @@ class EngineDataPlane(EngineLinks):
     async def start(self) -> None:
         """Bind every socket and start receiving; engines may connect from now on."""
         self.check_resources()
+        self._state.lock()  # before any bind: a second exporter on the file leaves no trace
         self._loop = asyncio.get_running_loop()
         shape = self.shape
         base = shape.fixed_base_port
@@ -168,8 +169,7 @@ class EngineDataPlane(EngineLinks):
     async def close(self) -> None:
         """Stop receiving and close every socket with linger 0."""
         await self._close_control()
-        if self._state_writer is not None:
-            await self._state_writer.flush()
+        await self._state.close()
         if self._loop is not None:
             for fd in self._readers:
                 self._loop.remove_reader(fd)
@@ -242,21 +242,24 @@ class EngineDataPlane(EngineLinks):
         """Remember every engine with a slot: a restarted exporter on the same fixed addresses
         finds them (and what they registered) again, since they never handshake twice. Written
         in the background, coalesced (``StateWriter``); ``close`` waits for the last write."""
-        if self._state_writer is not None:
-            self._state_writer.request()
+        self._state.request()
 
     def _state_snapshot(self) -> StateSnapshot:
-        return self.input_address, self._state_extra(), records_of(self._links.values())
+        extra: dict[str, Any] = {"engine_count": self.shape.engine_count}
+        extra.update(start_rank=self.shape.start_rank, **self._state_extra())
+        return self.input_address, extra, records_of(self._links.values())
 
     def _restore_state(self) -> None:
         """Engines a previous exporter process on these addresses had: callable until proven
-        otherwise, with their registration details (no handshake will repeat them)."""
-        path = self.shape.state_file
-        if path:
-            restored = restore_links(read_state(path, self.input_address), self._links)
-            if restored:
-                log.info("restored engines %s from %s without a handshake", restored, path)
-                self._changed.set()
+        otherwise, with their registration details (no handshake will repeat them). Only a
+        file whose every field is possible for these engines is believed (``state_check``)."""
+        shape, links = self.shape, self._links
+        engines = {i: (link.identity.hex(), link.output_address) for i, link in links.items()}
+        expect = StateExpectation(
+            self.input_address, shape.engine_count, shape.start_rank, engines, self.FIXED_SLOT
+        )
+        if self._state.restore(links, expect, self.IGNORED_STATE):
+            self._changed.set()
 
     def confirm_dead(self, engine_index: int) -> None:
         """The engine is dead (its ENGINE_CORE_DEAD was confirmed): stop calling it."""

@@ -46,6 +46,8 @@ import aiohttp
 
 from exporter.error import MethodNotAllowed
 from exporter.fleet import DEFAULT_ALLOWED_METHODS, EngineDetail, EngineOutcome, Outcome
+from exporter.protocol.handshake import MAX_REGISTRATION_STRING
+from exporter.protocol.strings import bound_text
 from exporter.transport.http_replies import interpret
 
 log = logging.getLogger("exporter.http")
@@ -255,7 +257,8 @@ class HttpFleetClient:
             )
             data = json.loads(reply.body) if reply.status == 200 else None
             if isinstance(data, dict) and isinstance(data.get("version"), str):
-                state.vllm_version = data["version"]
+                # The registration's rule for the same string (a label of every scrape).
+                state.vllm_version = bound_text(data["version"][:MAX_REGISTRATION_STRING])
         except (_Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
             log.debug("target %s: no vLLM version", state.target.label)
         finally:

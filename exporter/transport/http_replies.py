@@ -13,6 +13,9 @@ The value of an OK outcome is what the engine-core utility method returns (D): `
 resets; ``wake_up``'s fully-awake bool; the version (or ``None``); for
 ``compute_weight_checksums`` a list of ``{key: digest}`` maps, one per worker (the route's merged
 map split again by the keys' ``dp..:pp..:pcp..:tp..:ep..:`` rank prefix).
+
+Every string of a reply (error texts, values, the values of an inconsistent answer) is cut by the
+rule owner and relay mode apply to engine replies, ``exporter.protocol.strings``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import re
 from typing import Any
 
 from exporter.fleet import EngineOutcome, Outcome
+from exporter.protocol.strings import bound_text, bound_value
 
 DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
 NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"
@@ -36,7 +40,9 @@ _INCONSISTENT = re.compile(
     r"(?:^|: )Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL
 )
 _RANK_PREFIX = re.compile(r"^(?:(?:dp|pp|pcp|tp|ep)\d+:)+")
-_MAX_ERROR_CHARS = 500
+#: Values of one inconsistent answer kept (one per engine of that API server); the rest are
+#: summed up in one last marker value.
+MAX_INCONSISTENT_VALUES = 1024
 #: Methods answered with a body whose content does not matter (the utility returns None).
 _NONE_METHODS = frozenset(
     {
@@ -54,10 +60,6 @@ _VALUE_KEYS = {
     "is_scheduler_paused": "is_paused",
     "get_weight_version": "weight_version",
 }
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
 
 
 def _error_message(body: bytes) -> str | None:
@@ -88,7 +90,20 @@ def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
         values = ast.literal_eval(m.group(2))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
-    return tuple(values) if isinstance(values, list) else None
+    if not isinstance(values, list):
+        return None
+    kept = [_plain(v) for v in values[:MAX_INCONSISTENT_VALUES]]
+    if len(values) > MAX_INCONSISTENT_VALUES:
+        kept.append(f"…[cut: {len(values) - MAX_INCONSISTENT_VALUES} more values]")
+    return tuple(kept)
+
+
+def _plain(value: Any) -> Any:
+    """One value of vLLM's list repr as JSON can carry it: scalars (strings cut), anything
+    else (``literal_eval`` also builds sets, tuples, bytes) as its cut repr."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return bound_text(value if isinstance(value, str) else repr(value))
 
 
 def rank_prefix(key: str) -> str:
@@ -115,10 +130,10 @@ def interpret(
     """Pure: one HTTP reply of a dev or RL route → one ``EngineOutcome`` (F.4, F.4.1)."""
 
     def failed(error: str) -> EngineOutcome:
-        return EngineOutcome(label, Outcome.FAILED, error=_clip(error), duration_s=duration_s)
+        return EngineOutcome(label, Outcome.FAILED, error=bound_text(error), duration_s=duration_s)
 
     def ok(value: Any) -> EngineOutcome:
-        return EngineOutcome(label, Outcome.OK, value, duration_s=duration_s)
+        return EngineOutcome(label, Outcome.OK, bound_value(value), duration_s=duration_s)
 
     if status == 404:
         return failed(DEV_MODE_OFF if method in DEV_MODE_METHODS else unsupported_error(method))
@@ -129,7 +144,7 @@ def interpret(
             return EngineOutcome(
                 label,
                 Outcome.INCONSISTENT,
-                error=_clip(message),
+                error=bound_text(message),
                 duration_s=duration_s,
                 values=values,
             )
@@ -173,4 +188,4 @@ def interpret(
 
 
 def _snippet(body: bytes) -> str:
-    return _clip(body.decode("utf-8", "replace").strip()) or "(empty body)"
+    return bound_text(body.decode("utf-8", "replace").strip()) or "(empty body)"

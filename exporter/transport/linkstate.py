@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from exporter.error import EngineUnavailable, HandshakeError
 from exporter.protocol import engine_identity
+from exporter.protocol.utility import MAX_CLIENT_INDEX
 from exporter.transport.events import EngineLinkView
 from exporter.transport.links import EngineLink, FleetShape, Phase
 
@@ -60,11 +61,18 @@ class EngineLinks:
         return link.slot is not None and link.phase in CALLABLE
 
     def client_index(self, engine_index: int) -> int:
-        """The exporter's slot on a callable engine; EngineUnavailable otherwise."""
+        """The exporter's slot on a callable engine; EngineUnavailable otherwise, and for a
+        slot no engine can have (never sent: an engine indexes its clients unchecked)."""
         link = self._links[engine_index]
         if link.slot is None or link.phase not in CALLABLE:
             raise EngineUnavailable(f"engine {engine_index} is {self._why_not(link)}")
-        return link.slot
+        slot = link.slot
+        if type(slot) is not int or not 0 <= slot <= MAX_CLIENT_INDEX:
+            raise EngineUnavailable(
+                f"engine {engine_index}: client_index {slot!r} is not a slot an engine can have "
+                f"(0..{MAX_CLIENT_INDEX}); not sent"
+            )
+        return slot
 
     @staticmethod
     def _why_not(link: EngineLink) -> str:

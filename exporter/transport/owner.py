@@ -9,6 +9,7 @@ again; the data-plane sockets (input ROUTER, one output PULL on an address per e
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import zmq
@@ -34,6 +35,12 @@ class OwnerConfig(FleetShape):
 class OwnerTransport(EngineDataPlane):
     """Binds the sockets, runs the handshake for every expected engine, routes frames."""
 
+    #: The exporter is every engine's only client: a state file naming another slot is wrong.
+    FIXED_SLOT = 0
+    IGNORED_STATE = (
+        "the engines reattach on slot 0 without what they registered (vLLM version, sleep mode)"
+    )
+
     def __init__(
         self,
         config: OwnerConfig,
@@ -41,8 +48,9 @@ class OwnerTransport(EngineDataPlane):
         errors: ProtocolErrorTally,
         *,
         context: zmq.asyncio.Context | None = None,
+        state_writes: Counter[str] | None = None,
     ) -> None:
-        super().__init__(config, listener, errors, context=context)
+        super().__init__(config, listener, errors, context=context, state_writes=state_writes)
         self.config = config
 
     async def _start_control(self) -> None:

@@ -29,8 +29,9 @@ The engine is callable once READY went up *and* its registration arrived on the 
 
 State file (``state_file``): after each READY the exporter writes, atomically, its addresses and
 each handshaken engine's identity and client_index. A restarted exporter on the same fixed
-addresses restores those engines as callable at once (the engines reconnect at the ZMQ level
-and never handshake again); an engine counts as connected again once it answers.
+addresses restores those engines (when every field of the file is possible: ``state_check``)
+as callable at once (the engines reconnect at the ZMQ level and never handshake again); an
+engine counts as connected again once it answers.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from exporter.protocol import (
     engine_identity,
 )
 from exporter.protocol.relay import append_client_slot
+from exporter.protocol.utility import MAX_CLIENT_INDEX
 from exporter.tasks import watch
 from exporter.transport import sockets
 from exporter.transport.dataplane import EngineDataPlane
@@ -96,6 +98,11 @@ class RelayLink(EngineLink):
 class RelayTransport(EngineDataPlane):
     """Relays every expected engine's handshake, then routes the exporter's own frames."""
 
+    IGNORED_STATE = (
+        "the exporter cannot call the engines it lists until they handshake again (the front "
+        "end is not affected)"
+    )
+
     #: Plus one upstream DEALER per engine while its handshake is relayed (its socket, its
     #: eventfd and its connection to the front end).
     SOCKETS_PER_ENGINE = EngineDataPlane.SOCKETS_PER_ENGINE + 1
@@ -109,8 +116,9 @@ class RelayTransport(EngineDataPlane):
         handshakes: Counter[str] | None = None,
         *,
         context: zmq.asyncio.Context | None = None,
+        state_writes: Counter[str] | None = None,
     ) -> None:
-        super().__init__(config, listener, errors, context=context)
+        super().__init__(config, listener, errors, context=context, state_writes=state_writes)
         self.config = config
         self.handshake_results: Counter[str] = handshakes if handshakes is not None else Counter()
         self._closed = False
@@ -277,8 +285,15 @@ class RelayTransport(EngineDataPlane):
             except ProtocolError as exc:
                 self._errors.record(exc.kind, f"engine {link.engine_index} INIT: {exc}")
             else:
-                link.slot = slot
-                forwarded = [new_init]
+                if slot <= MAX_CLIENT_INDEX:
+                    link.slot = slot
+                    forwarded = [new_init]
+                else:  # a slot the exporter would never send: do not take one
+                    self._errors.record(
+                        "init_too_many_clients",
+                        f"engine {link.engine_index} INIT lists {slot} clients; the exporter's "
+                        f"slot would be beyond {MAX_CLIENT_INDEX}",
+                    )
         else:
             self._errors.record(
                 "wrong_frame_count", f"front end INIT for engine {link.engine_index}: {len(frames)}"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from exporter.faults import ProtocolErrorTally
-from exporter.transport.state_file import SlotRecord, StateSnapshot, StateWriter, read_state
+from exporter.transport.state_check import SlotRecord, StateExpectation
+from exporter.transport.state_file import StateSnapshot, StateWriter, load_state
 
 INPUT = "tcp://127.0.0.1:7000"
 
@@ -41,7 +42,14 @@ async def test_a_burst_of_changes_is_coalesced_and_ends_with_the_latest_state(
     await writer.flush()
     assert engines_in(path) == list(range(1024))
     assert 1 <= writer.writes <= 64, writer.writes  # far fewer writes than changes
-    restored = read_state(str(path), INPUT)
+    expect = StateExpectation(
+        INPUT,
+        1024,
+        0,
+        {i: (f"{i:04x}", f"tcp://127.0.0.1:{7001 + i}") for i in range(1024)},
+        None,
+    )
+    restored = load_state(str(path), expect)
     assert [r.engine_index for r in restored] == list(range(1024))
     assert restored[5].vllm_version == "0.33.0"
 

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter.basicauth import BasicAuth
 from exporter.cli import build_parser
 from exporter.config import resolve_config
-from exporter.webconfig import BasicAuth, load_web_config
+from exporter.webconfig import load_web_config
 from tests.harness import artefacts
 from tests.harness.tls import make_pki
 

@@ -104,10 +104,11 @@ def write_web_config(
     client_auth_type: str | None = None,
     users: dict[str, str] | None = None,
     extra_tls: str = "",
+    rounds: int = 4,
 ) -> Path:
     """A web config file: TLS with ``pki``'s server certificate (relative paths, as
     exporter-toolkit resolves them against the file's directory), basic auth for ``users``
-    (username → password, hashed here)."""
+    (username → password, hashed here at bcrypt cost ``rounds``)."""
     lines = []
     if pki is not None:
         lines += [
@@ -123,6 +124,6 @@ def write_web_config(
         lines += [f"  {line}" for line in extra_tls.splitlines() if line]
     if users:
         lines.append("basic_auth_users:")
-        lines += [f"  {name}: '{bcrypt_hash(pw)}'" for name, pw in users.items()]
+        lines += [f"  {name}: '{bcrypt_hash(pw, rounds)}'" for name, pw in users.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -20,6 +20,7 @@ from exporter.protocol import (
     encode_utility_reply,
     encode_utility_request,
 )
+from exporter.protocol.utility import MAX_CLIENT_INDEX
 
 DECODERS: list[Callable[[bytes], Any]] = [
     decode_engine_outputs,
@@ -63,7 +64,7 @@ def test_arbitrary_msgpack_only_raises_protocol_error(value: Any) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    client_index=st.integers(0, 2**16),
+    client_index=st.integers(0, MAX_CLIENT_INDEX),
     call_id=st.integers(0, 2**64 - 1),
     method=st.text(min_size=1, max_size=30),
     args=st.lists(

@@ -220,3 +220,27 @@ async def test_the_gate_never_answers_from_before_an_action(rl_fleet: ServiceFac
     assert status == 200
     status, body = await gate(svc, weight_version="new")
     assert status == 200, body
+
+
+async def test_waking_every_tag_is_verified_like_a_full_wake_up(rl_fleet: ServiceFactory) -> None:
+    """vLLM wakes everything when every tag is named: the read-back then applies, as it does
+    for a wake-up without tags; a wake-up of some tags has no single state to read back."""
+    svc = await rl_fleet(2)
+    for tags in ({"tags": "weights,kv_cache"}, [("tags", "kv_cache"), ("tags", "weights")]):
+        status, body = await post(svc, "sleep", params={"level": "1"})
+        assert status == 200, body
+        status, body = await post(svc, "wake_up", params=tags)
+        assert status == 200 and body["verified"] is True, body
+        assert [e["state"] for e in body["engines"]] == [False, False]
+        assert body["params"] == {"tags": ["kv_cache", "weights"]}
+        assert all(e.args_of("wake_up")[-1] == [["kv_cache", "weights"]] for e in svc.engines)
+    # An engine that accepts the wake-up of every tag but stays asleep is caught.
+    await post(svc, "sleep", params={"level": "1"})
+    svc.engines[1].state.ignore_state_changes = True
+    status, body = await post(svc, "wake_up", params={"tags": "weights,kv_cache"})
+    assert status == 502 and reasons(body) == {0: None, 1: "unverified"}, body
+    # Some tags only: answered without a read-back.
+    svc.engines[1].state.ignore_state_changes = False
+    await post(svc, "sleep", params={"level": "1"})
+    status, body = await post(svc, "wake_up", params={"tags": "weights"})
+    assert status == 200 and body["verified"] is False, body

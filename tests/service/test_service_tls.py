@@ -17,11 +17,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from exporter.basicauth import BasicAuth
 from exporter.config import ServeConfig, resolve_config
 from exporter.error import ConfigError
 from exporter.ports import free_listen_port
 from exporter.service import serve
-from exporter.webconfig import BasicAuth, load_web_config
+from exporter.webconfig import load_web_config
 from tests.harness import artefacts
 from tests.harness.processes import run_cli
 from tests.harness.tls import PASSWORD, USER, Pki, bcrypt_hash, make_pki, write_web_config
@@ -82,9 +83,13 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {raw}"}
 
 
-async def get(url: str, ctx: ssl.SSLContext | bool, **kwargs: Any) -> tuple[int, str, Any]:
+async def get(
+    url: str, ctx: ssl.SSLContext | bool, source: str | None = None, **kwargs: Any
+) -> tuple[int, str, Any]:
+    """One GET; ``source``: the loopback address to send it from."""
+    connector = aiohttp.TCPConnector(local_addr=(source, 0)) if source else None
     async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
+        aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=5)) as http,
         http.get(url, ssl=ctx, **kwargs) as resp,
     ):
         return resp.status, await resp.text(), resp.headers
@@ -179,13 +184,14 @@ async def test_basic_auth_on_every_path_but_the_probes(pki: Pki, tmp_path: Path)
     config = config_for(path, tmp_path)
     ctx = pki.client_context()
     async with serving(config) as (url, _):
-        for route in ("/metrics", "/status", "/gate", "/", "/nope"):
+        for i, route in enumerate(("/metrics", "/status", "/gate", "/", "/nope")):
+            source = f"127.0.0.{11 + i}"  # each within its failed-attempt budget
             for headers in ({}, basic(USER, "wrong"), basic("nobody", PASSWORD), basic(USER, "")):
-                status, _, h = await get(url + route, ctx, headers=headers)
+                status, _, h = await get(url + route, ctx, source, headers=headers)
                 assert status == 401, (route, headers)
                 assert h["WWW-Authenticate"].startswith('Basic realm="vllm-dp-exporter"')
             for headers in ({"Authorization": "Basic !!!"}, {"Authorization": f"Bearer {TOKEN}"}):
-                assert (await get(url + route, ctx, headers=headers))[0] == 401
+                assert (await get(url + route, ctx, source, headers=headers))[0] == 401
         good = basic(USER, PASSWORD)
         status, body, _ = await get(url + "/metrics", ctx, headers=good)
         assert status == 200 and "vllm_dp_" in body
@@ -246,20 +252,23 @@ async def test_admin_basic_auth_without_a_token(pki: Pki, tmp_path: Path) -> Non
         assert (await post(reset, ctx, headers=basic(USER, PASSWORD)))[0] == 503
 
 
-async def test_basic_auth_caches_verdicts_and_bounds_the_cache() -> None:
-    auth = BasicAuth({b"u": bcrypt_hash("pw").encode()}, cache_size=3)
+async def test_basic_auth_remembers_only_verified_credentials() -> None:
+    auth = BasicAuth({b"u": bcrypt_hash("pw").encode(), b"v": bcrypt_hash("pw2", 6).encode()})
+    assert auth.dummy_cost == 6  # unknown users cost as much as the costliest configured hash
     header = basic("u", "pw")["Authorization"]
     assert await auth.check(header)
     assert await auth.check(header) and await auth.check(header)
-    assert auth.bcrypt_checks == 1  # one bcrypt run, then the cached verdict
-    assert not await auth.check(basic("u", "wrong")["Authorization"])
-    assert not await auth.check(basic("x", "pw")["Authorization"])
+    assert auth.bcrypt_checks == 1  # one bcrypt run, then the verified credential
+    assert not await auth.check(basic("u", "wrong")["Authorization"], "192.0.2.1")
+    assert not await auth.check(basic("x", "pw")["Authorization"], "192.0.2.2")
     assert auth.bcrypt_checks == 3  # unknown users cost a bcrypt run too
-    assert not await auth.check(basic("u", "p" * 100)["Authorization"])  # > 72 bytes
-    assert len(auth._cache) == 3
-    assert all(b"pw" not in key for key in auth._cache)  # keyed by an HMAC, not the password
+    assert not await auth.check(basic("u", "p" * 73)["Authorization"], "192.0.2.3")
+    assert auth.bcrypt_checks == 3  # over bcrypt's 72 bytes: refused without bcrypt
+    assert list(auth._verified) == [b"u"]  # failures are never remembered
+    assert all(b"pw" not in v for v in auth._verified.values())  # an HMAC, not the password
     for bad in ("", "Basic", "Basic dTpwdw", "Digest dTpwdw==", "Basic " + "dXB3"):
         assert not await auth.check(bad), bad
+    assert len(auth.throttle) == 3  # the three wrong credentials; missing ones are not counted
 
 
 # -- bad files: one line each, at start-up ---------------------------------------------------
@@ -297,6 +306,23 @@ async def test_basic_auth_caches_verdicts_and_bounds_the_cache() -> None:
         ("http_server_config: {headers: {Set-Cookie: x}}\n", ["'Set-Cookie' may not be set"]),
         ("tls_server_config:\n  cert_file: [\n", ["invalid YAML at line"]),
         ("- a list\n", ["must be a mapping"]),
+        ("basic_auth_users: " + "[" * 5000 + "\n", ["nested too deeply"]),
+        ("tls_server_config:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 2000)),
+         ["nested too deeply"]),
+        ("basic_auth_users:\n  prometheus: '$2y$10$" + "a" * 53 + "'\n"
+         "  prometheus: '$2y$10$" + "b" * 53 + "'\n",
+         ["basic_auth_users", "duplicate key 'prometheus'", "line 3"]),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, "
+         "cert_file: other.crt}\n", ["duplicate key 'cert_file'"]),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, "
+         "min_version: TLS13, max_version: TLS12}\n",
+         ["min_version TLS13", "above max_version TLS12", "no handshake"]),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, "
+         "max_version: TLS11}\n", ["min_version TLS12 (the default)", "max_version TLS11"]),
+        ("http_server_config: {headers: {X-Frame-Options: DENY, x-frame-options: SAMEORIGIN}}\n",
+         ["X-Frame-Options", "twice"]),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, min_version: "
+         "&a [[[[*a, *a, *a], *a], *a], *a]}\n", ["min_version must be one of"]),
     ],
 )  # fmt: skip
 def test_bad_web_config_files(pki: Pki, text: str, words: list[str]) -> None:
@@ -336,6 +362,40 @@ async def test_serve_exits_2_with_one_line_for_a_bad_web_config(pki: Pki, tmp_pa
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1, err
     assert err.startswith("vllm-dp-exporter serve: web config file") and "Sometimes" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("basic_auth_users: " + "[" * 20000 + "\n", ["nested too deeply"]),
+        ("basic_auth_users:\n  prometheus: '$2y$10$" + "a" * 53 + "'\n"
+         "  prometheus: '$2y$10$" + "b" * 53 + "'\n", ["duplicate key 'prometheus'"]),
+        ("tls_server_config: {cert_file: CERT, key_file: KEY, min_version: TLS13, "
+         "max_version: TLS12}\n", ["min_version TLS13", "max_version TLS12"]),
+    ],
+    ids=["deep-nesting", "duplicate-user", "tls13-to-tls12"],
+)  # fmt: skip
+async def test_serve_refuses_a_web_config_that_cannot_work(
+    pki: Pki, tmp_path: Path, text: str, words: list[str]
+) -> None:
+    bad = tmp_path / "web.yml"
+    bad.write_text(text.replace("CERT", str(pki.server_cert)).replace("KEY", str(pki.server_key)))
+    code, out, err = await run_cli(
+        "serve",
+        "--engine-count",
+        "1",
+        "--handshake-address",
+        f"tcp://127.0.0.1:{free_listen_port()}",
+        "--listen",
+        f"127.0.0.1:{free_listen_port()}",
+        "--web-config-file",
+        str(bad),
+    )
+    assert code == 2 and out == "", (code, out, err)
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"vllm-dp-exporter serve: web config file {bad}"), err
+    assert all(w in err for w in words), (words, err)
+    assert "Traceback" not in err and "$2y$" not in err
 
 
 async def test_docker_healthcheck_speaks_tls_when_the_web_config_does(
