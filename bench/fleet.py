@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.config import resolve_config
-from exporter.fake import FakeFleet, Handler
-from exporter.runtime import Exporter
+from exporter.client.fake import FakeFleet, Handler
+from exporter.config.settings import resolve_config
+from exporter.control.runtime import Exporter
 
 
 async def polled_exporter(n: int, handler: Handler, **settings: Any) -> Exporter:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.inprocess import Plan, measure_size
 from bench.procs import engine_processes_for
-from exporter import eventloop
+from exporter.base import eventloop
 
 LOOPS = ("asyncio", "uvloop")
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 
 HOST = "127.0.0.1"
 

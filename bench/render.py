@@ -2,9 +2,9 @@
 and with garbage collection running vs paused.
 
 The exporter renders /metrics once per state change (the render cache) with
-``exporter.exposition.render_text``, kept byte-identical to ``generate_latest`` by a test, with
-garbage collection paused (``exporter.runtime.gc_paused``). This prints the costs per render
-over a ``FakeFleet`` of 64, 256 and 1,024 engines after one poll, beside a heap of ~300k live
+``exporter.metrics.exposition.render_text``, kept byte-identical to ``generate_latest`` by a test,
+with garbage collection paused (``exporter.control.runtime.gc_paused``). This prints the costs per
+render over a ``FakeFleet`` of 64, 256 and 1,024 engines after one poll, beside a heap of ~300k live
 objects as a long-running process has: the measurements behind both decisions
 (docs/architecture.md).
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from prometheus_client.exposition import generate_latest
 
 from bench.fleet import polled_exporter
-from exporter.exposition import render_text
-from exporter.runtime import gc_paused
+from exporter.control.runtime import gc_paused
+from exporter.metrics.exposition import render_text
 
 SIZES = (64, 256, 1024)
 ROUNDS = 20

@@ -56,7 +56,7 @@ def _git_revision() -> str:
 def machine_lines(event_loop: str = "auto") -> list[str]:
     import zmq
 
-    from exporter.eventloop import resolve_event_loop
+    from exporter.base.eventloop import resolve_event_loop
 
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     return [

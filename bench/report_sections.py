@@ -76,7 +76,8 @@ def scrape_table(report: Report) -> list[str]:
     out = [
         "## 2. Scrape: `/metrics` render time and body size",
         "",
-        "`exporter.exposition.render_text(exporter.collector.families())`: the rows plus the text "
+        "`exporter.metrics.exposition.render_text(exporter.collector.families())`: the rows "
+        "plus the text "
         "encoder, what the `/metrics` handler runs (before gzip) when its per-state cache misses, "
         "i.e. once per poll; scrapes between two polls reuse that body. Checked byte-identical "
         "to `prometheus_client.exposition.generate_latest` in the same run. In-process, on the "
@@ -326,10 +327,13 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
         "`_add_recv_event` and `_handle_events` per reply on each engine's PULL, a Future per "
         "send), and a scrape spent most of its time in prometheus_client's generic "
         "`generate_latest` (per-sample name validation with regexes, escaping). Changes: the "
-        "data-plane sockets (`exporter/transport/dataplane.py`) are plain pyzmq sockets driven "
+        "data-plane sockets (`exporter/client/transport/dataplane.py`) are plain pyzmq "
+        "sockets driven "
         "by `loop.add_reader` and drained until EAGAIN, with the Cython `send`/`recv` called "
-        "with int flags; `/metrics` renders rows built once (`exporter/metrics.py`) with a lean "
-        "encoder (`exporter/exposition.py`, byte-identical to `generate_latest`, checked in this "
+        "with int flags; `/metrics` renders rows built once (`exporter/metrics/families.py`) "
+        "with a lean "
+        "encoder (`exporter/metrics/exposition.py`, byte-identical to `generate_latest`, "
+        "checked in this "
         "run and by a test), and the body is cached until the state changes, so scrapes "
         "between two polls cost no render at all.",
         "- **The CPU gap at scale (issue 18), and what closed it.** A sampling profile of the "
@@ -341,7 +345,7 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
         "PULL bound on every engine's own address, one monitor for it (attribution by "
         "descriptor and local port, unchanged semantics); a reader woken by its descriptor "
         "receives before it probes; `EngineOutcome`, `EngineOutput` and `UtilityReply` are "
-        "frozen `msgspec.Struct`s; `serve` runs on uvloop (`exporter/eventloop.py`). Garbage "
+        "frozen `msgspec.Struct`s; `serve` runs on uvloop (`exporter/base/eventloop.py`). Garbage "
         "collection is absent below 1,024 engines and under 1 % of a call there (table 1b). "
         "Step by step figures: docs/scale.md.",
     ]

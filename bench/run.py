@@ -27,7 +27,7 @@ from bench.procs import engine_processes_for
 from bench.report import Report, machine_lines, read_baseline, render
 from bench.service import flapping_memory, serve_cpu_and_admin, serve_rss
 from bench.statuspage import bench_section, insert_section
-from exporter import eventloop
+from exporter.base import eventloop
 
 DEFAULT_SIZES = (1, 8, 64, 256, 1024)
 QUICK_SIZES = (1, 2)

@@ -39,10 +39,10 @@ from bench.procs import (
     serve_process,
     stop_process,
 )
-from exporter.faults import ProtocolErrorTally
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.transport import sockets
+from exporter.client.transport.owner import OwnerConfig, OwnerTransport
 from exporter.protocol import EngineOutput
-from exporter.transport import sockets
-from exporter.transport.owner import OwnerConfig, OwnerTransport
 
 FRONTEND = """
 import asyncio, sys

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.fleet import polled_exporter
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.runtime import Exporter
-from exporter.statusdoc import status_json
-from exporter.statuspage import render_page
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.control.runtime import Exporter
+from exporter.web.statusdoc import status_json
+from exporter.web.statuspage import render_page
 
 SIZES = (64, 256)
 HEADING = "## Status page (`GET /`, `GET /status`)"

@@ -1,5 +1,5 @@
 """``python -m exporter`` runs the same CLI as the ``vllm-dp-exporter`` console script."""
 
-from exporter.cli import main
+from exporter.commands.cli import main
 
 raise SystemExit(main())

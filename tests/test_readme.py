@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.metrics_catalog import METRICS, sample_names
+from exporter.metrics.catalog import METRICS, sample_names
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from exporter.client import EngineCoreClient
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.engine_core import EngineCoreClient
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.client.transport.events import TransportListener
+from exporter.client.transport.owner import OwnerConfig, OwnerTransport
 from exporter.error import ProtocolError
-from exporter.faults import ProtocolErrorTally
-from exporter.fleet import EngineOutcome, Outcome
 from exporter.protocol import decode_handshake_message
-from exporter.transport.events import TransportListener
-from exporter.transport.owner import OwnerConfig, OwnerTransport
 
 log = logging.getLogger("exporter.sim.frontend")
 

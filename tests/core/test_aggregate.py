@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.aggregate import (
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.error import InconsistentUtilityResults, NoEngines
+from exporter.fleetstate.aggregate import (
     FleetState,
     aggregate_all_true,
     aggregate_consensus,
     consensus,
     require_bool,
 )
-from exporter.error import InconsistentUtilityResults, NoEngines
-from exporter.fleet import EngineOutcome, Outcome
 
 
 def ok(engine: str, value: object) -> EngineOutcome:

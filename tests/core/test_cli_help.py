@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.cli import main
+from exporter.commands.cli import main
 
 
 @pytest.mark.parametrize(

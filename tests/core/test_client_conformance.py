@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 import pytest
 
-from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus
+from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.error import HandshakeError, MethodNotAllowed
-from exporter.fleet import EngineOutcome, Outcome
+from exporter.fleetstate.aggregate import FleetState, aggregate_all_true, aggregate_consensus
 from exporter.protocol import ENGINE_CORE_DEAD, encode_utility_reply
 from tests.harness.owner import OwnerHarnesses, OwnerHarnessFactory
 from tests.harness.rawengine import RawEngine

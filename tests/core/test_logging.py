@@ -16,16 +16,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from exporter.cli import build_parser, main
-from exporter.config import resolve_config
-from exporter.error import ConfigError
-from exporter.logs import (
+from exporter.base.logs import (
     AUDIT_LOGGER,
     configure_logging,
     log_audit,
     logging_settings,
 )
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
+from exporter.commands.cli import build_parser, main
+from exporter.config.settings import resolve_config
+from exporter.error import ConfigError
 from tests.harness.processes import python_cmd, run_cli
 
 COMMANDS = {

@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from exporter.protocol import ENGINE_CORE_DEAD, encode_init
 from exporter.sim.engine import (
     COORDINATED_DP_SIZE,
@@ -373,7 +373,7 @@ async def test_ignore_state_changes_and_missing_methods_over_zmq(rig_factory) ->
 
 
 def test_sim_engine_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter import cli
+    from exporter.commands import cli
     from exporter.sim import host
 
     seen: list[SimOptions] = []

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from exporter.protocol import engine_identity
-from exporter.transport.state_check import (
+from exporter.client.transport.state_check import (
     InvalidState,
     SlotRecord,
     StateExpectation,
     parse_state,
     read_bounded,
 )
-from exporter.transport.state_file import write_state
+from exporter.client.transport.state_file import write_state
+from exporter.protocol import engine_identity
 
 INPUT = "tcp://127.0.0.1:7000"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.faults import ProtocolErrorTally
-from exporter.transport.state_check import SlotRecord, StateExpectation
-from exporter.transport.state_file import StateSnapshot, StateWriter, load_state
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.transport.state_check import SlotRecord, StateExpectation
+from exporter.client.transport.state_file import StateSnapshot, StateWriter, load_state
 
 INPUT = "tcp://127.0.0.1:7000"
 

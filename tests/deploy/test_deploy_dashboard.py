@@ -121,7 +121,7 @@ def test_dashboard_metrics_are_in_catalog():
 
 
 def test_dashboard_covers_every_state_value():
-    from exporter.metrics_catalog import ENGINE_STATES, FLEET_STATES
+    from exporter.metrics.catalog import ENGINE_STATES, FLEET_STATES
 
     panels = _panels()
 

@@ -92,8 +92,8 @@ def test_recipe_validates_against_kubernetes_schemas(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_exporter_arguments_are_accepted_by_the_exporter(name, tmp_path):
-    from exporter.cli import build_parser
-    from exporter.config import resolve_config
+    from exporter.commands.cli import build_parser
+    from exporter.config.settings import resolve_config
 
     token = tmp_path / "admin-token"
     token.write_text("x" * 32)

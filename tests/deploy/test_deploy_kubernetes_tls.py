@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.basicauth import BasicAuth
-from exporter.cli import build_parser
-from exporter.config import resolve_config
-from exporter.webconfig import load_web_config
+from exporter.commands.cli import build_parser
+from exporter.config.settings import resolve_config
+from exporter.config.webconfig import load_web_config
+from exporter.web.basicauth import BasicAuth
 from tests.harness import artefacts
 from tests.harness.tls import make_pki
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from tests.harness.artefacts import (
     DASHBOARD_FILE,
     alerting_rules,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from tests.harness.artefacts import ROOT, tool
 from tests.harness.prometheus import (
     http_json,

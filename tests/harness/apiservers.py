@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.config import ServeConfig
+from exporter.config.settings import ServeConfig
 from exporter.sim.api_server import SimApiServer, sim_of, start_api_server
 from tests.harness.service import serve_config
 

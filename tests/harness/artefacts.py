@@ -75,7 +75,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def catalog_sample_names() -> set[str]:
-    from exporter.metrics_catalog import METRICS, sample_names
+    from exporter.metrics.catalog import METRICS, sample_names
 
     names: set[str] = set()
     for spec in METRICS:

@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
-from exporter.client import EngineCoreClient
-from exporter.faults import ProtocolErrorTally
-from exporter.transport.owner import OwnerConfig, OwnerTransport
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.engine_core import EngineCoreClient
+from exporter.client.transport.owner import OwnerConfig, OwnerTransport
 from tests.harness.rawengine import RawEngine
 from tests.harness.wire import loopback_address
 

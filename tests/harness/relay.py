@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from exporter.attach import build_fleet
-from exporter.client import EngineCoreClient
-from exporter.config import ServeConfig
-from exporter.faults import ProtocolErrorTally
-from exporter.fleet import EngineOutcome
-from exporter.ports import free_listen_port
+from exporter.base.faults import ProtocolErrorTally
+from exporter.base.ports import free_listen_port
+from exporter.client.engine_core import EngineCoreClient
+from exporter.client.fleet import EngineOutcome
+from exporter.client.transport.relay import RelayTransport
+from exporter.config.settings import ServeConfig
+from exporter.control.attach import build_fleet
+from exporter.metrics.stats import Stats
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.sim.frontend import SimFrontend
-from exporter.stats import Stats
-from exporter.transport.relay import RelayTransport
 
 
 @dataclass

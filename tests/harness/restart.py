@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ServeConfig
-from exporter.ports import free_listen_port, free_port_range
+from exporter.base.ports import free_listen_port, free_port_range
+from exporter.config.settings import ServeConfig
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.sim.frontend import SimFrontend
 from tests.harness.service import Service, serve_config, start_service

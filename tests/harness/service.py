@@ -18,14 +18,14 @@ import zmq.asyncio
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from exporter.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
-from exporter.client import EngineCoreClient
-from exporter.config import ServeConfig, resolve_config
-from exporter.httpguard import guarded_runner
-from exporter.ports import free_listen_port
-from exporter.runtime import Exporter
-from exporter.server import ADMIN_URL_KEY, create_app
+from exporter.base.ports import free_listen_port
+from exporter.client.engine_core import EngineCoreClient
+from exporter.config.settings import ServeConfig, resolve_config
+from exporter.control.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
+from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
+from exporter.web.app import ADMIN_URL_KEY, create_app
+from exporter.web.httpguard import guarded_runner
 from tests.harness.scrape import Families, parse_metrics
 from tests.harness.waiting import eventually
 
@@ -237,7 +237,7 @@ async def start_service(
 ) -> Service:
     """Serve ``create_app(config)``; engines are not started.
 
-    ``guarded``: serve with ``exporter.httpguard.guarded_runner`` (as ``serve`` does).
+    ``guarded``: serve with ``exporter.web.httpguard.guarded_runner`` (as ``serve`` does).
     ``audit``: serve the admin app from the test with that audit sink
     (``create_admin_app(exporter, audit=...)``) instead of the server's own listener; the config
     should then say ``admin_listen="off"``.

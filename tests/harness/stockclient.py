@@ -9,7 +9,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from exporter.protocol import (
     decode_engine_outputs,
     decode_handshake_message,

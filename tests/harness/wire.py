@@ -6,7 +6,7 @@ import functools
 import json
 from pathlib import Path
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from exporter.metrics_catalog import METRICS
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
+from exporter.client.http_replies import DEV_MODE_OFF
+from exporter.metrics.catalog import METRICS
 from exporter.sim.engine import SimEngine, SimOptions
-from exporter.transport.http_replies import DEV_MODE_OFF
 from tests.harness.apiservers import HOST, StartApi, http_config
 from tests.harness.service import Service, ServiceFactory
 
@@ -240,7 +240,7 @@ async def test_token_reaches_targets_and_stays_out_of_logs(
 
 @pytest.fixture
 async def owner_exporter(start_exporter: ServiceFactory) -> AsyncIterator[Service]:
-    from exporter.config import resolve_config
+    from exporter.config.settings import resolve_config
 
     handshake = f"tcp://{HOST}:{free_listen_port()}"
     config = resolve_config(

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.aggregate import FleetState, aggregate_all_true, aggregate_consensus
-from exporter.attach import http_client, parse_targets, read_targets_file
+from exporter.base.ports import free_listen_port
+from exporter.client.fleet import Outcome
+from exporter.client.http import HttpFleetClient, HttpTarget
+from exporter.client.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
+from exporter.control.attach import http_client, parse_targets, read_targets_file
 from exporter.error import ConfigError, MethodNotAllowed
-from exporter.fleet import Outcome
-from exporter.ports import free_listen_port
+from exporter.fleetstate.aggregate import FleetState, aggregate_all_true, aggregate_consensus
 from exporter.sim.engine import SimOptions
-from exporter.transport.http import HttpFleetClient, HttpTarget
-from exporter.transport.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
 from tests.harness.apiservers import HOST, StartApi, http_config
 
 

@@ -7,9 +7,9 @@ import time
 
 import aiohttp
 
-from exporter.demo.common import DemoOptions
-from exporter.demo.http import node_sizes, run_http_demo
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
+from exporter.commands.demo.common import DemoOptions
+from exporter.commands.demo.http import node_sizes, run_http_demo
 from tests.harness.apiservers import HOST
 
 

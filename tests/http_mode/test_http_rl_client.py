@@ -8,19 +8,19 @@ from typing import Any
 
 import pytest
 
-from exporter.attach import parse_targets
-from exporter.error import MethodNotAllowed
-from exporter.fleet import Outcome
-from exporter.sim.engine import SimOptions
-from exporter.sim.state import PARAMETER_NAMES
-from exporter.transport.http import ROUTED_METHODS, HttpFleetClient, Route, route
-from exporter.transport.http_replies import (
+from exporter.client.fleet import Outcome
+from exporter.client.http import ROUTED_METHODS, HttpFleetClient, Route, route
+from exporter.client.http_replies import (
     DEV_MODE_OFF,
     UNSUPPORTED_HINT,
     interpret,
     rank_prefix,
     split_checksums,
 )
+from exporter.control.attach import parse_targets
+from exporter.error import MethodNotAllowed
+from exporter.sim.engine import SimOptions
+from exporter.sim.state import PARAMETER_NAMES
 from tests.harness.apiservers import StartApi
 
 ALL = frozenset(ROUTED_METHODS)

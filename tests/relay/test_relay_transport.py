@@ -11,13 +11,13 @@ import zmq
 import zmq.asyncio
 from prometheus_client import generate_latest
 
-from exporter.fleet import Outcome
-from exporter.ports import free_port_range
+from exporter.base.ports import free_port_range
+from exporter.client.fleet import Outcome
+from exporter.client.transport.links import Phase
+from exporter.control.runtime import Exporter
 from exporter.protocol import decode_handshake_message, encode_init
 from exporter.protocol.relay import append_client_slot, strip_client_slot
-from exporter.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions
-from exporter.transport.links import Phase
 from tests.harness.relay import MakeHarness, RelayHarness, cross_talk
 from tests.harness.waiting import eventually
 from tests.harness.wire import vector

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.admin import MAX_ADMIN_BODY, RESET_PATH
-from exporter.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
 from exporter.sim.engine import SimOptions
+from exporter.web.admin import MAX_ADMIN_BODY, RESET_PATH
+from exporter.web.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
 from tests.harness.service import Service, ServiceFactory
 
 TOKEN = "adm-4f1c9e2b7d3a"

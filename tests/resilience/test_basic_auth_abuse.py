@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from exporter.admin import RESET_PATH
-from exporter.basicauth import MAX_CONCURRENT, MAX_WAITING
+from exporter.web.admin import RESET_PATH
+from exporter.web.basicauth import MAX_CONCURRENT, MAX_WAITING
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.tls import write_web_config
 

@@ -8,10 +8,10 @@ import os
 
 import zmq.asyncio
 
-from exporter.client import EngineCoreClient
-from exporter.runtime import Exporter
+from exporter.client.engine_core import EngineCoreClient
+from exporter.control.runtime import Exporter
+from exporter.metrics.stats import histogram_rows
 from exporter.sim.engine import SimEngine, SimOptions
-from exporter.stats import histogram_rows
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.service import make_config, start_service
 from tests.harness.waiting import eventually

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from exporter.fleet import Outcome
+from exporter.client.fleet import Outcome
+from exporter.client.transport.dataplane import EngineDataPlane
 from exporter.protocol import encode_utility_request
 from exporter.protocol.utility import MAX_CLIENT_INDEX
-from exporter.transport.dataplane import EngineDataPlane
 from tests.harness.service import ServiceFactory
 
 IMPOSSIBLE = [10**30, 2**64, MAX_CLIENT_INDEX + 1, -1, True, 1.0, "0"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from exporter.fleet import Outcome
+from exporter.client.fleet import Outcome
 from exporter.sim.engine import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.scrape import metric_value as metric

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING, is_cut
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.sim.frontend import SimFrontend

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fleet import Outcome
-from exporter.ports import free_listen_port, free_port_range
+from exporter.base.ports import free_listen_port, free_port_range
+from exporter.client.fleet import Outcome
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.scrape import metric_value as metric
 from tests.harness.service import make_config, start_service

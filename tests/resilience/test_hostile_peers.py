@@ -15,7 +15,7 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.aggregate import FleetState
+from exporter.fleetstate.aggregate import FleetState
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
     encode_registration,

@@ -10,7 +10,13 @@ import gzip
 
 import pytest
 
-from exporter.negotiation import CONTENT_TYPES, OPENMETRICS, TEXT, metrics_format, wants_gzip
+from exporter.metrics.negotiation import (
+    CONTENT_TYPES,
+    OPENMETRICS,
+    TEXT,
+    metrics_format,
+    wants_gzip,
+)
 from tests.harness.service import Service, ServiceFactory
 
 TEXT_TYPE = CONTENT_TYPES[TEXT]

@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from exporter.admin import ADMIN_SHUTDOWN_KEY, RESET_PATH, create_admin_app
-from exporter.httpguard import guarded_runner
 from exporter.sim.engine import SimOptions
+from exporter.web.admin import ADMIN_SHUTDOWN_KEY, RESET_PATH, create_admin_app
+from exporter.web.httpguard import guarded_runner
 from tests.harness.processes import ROOT
 from tests.harness.service import ServiceFactory
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import resolve_config
+from exporter.base.ports import free_listen_port
+from exporter.commands.service import serve
+from exporter.config.settings import resolve_config
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
-from exporter.service import serve
 from tests.harness.waiting import eventually
 from tests.resilience.test_operator_input import OWNER, assert_one_line_exit_2, run_cli
 

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from exporter.cli import build_parser
-from exporter.config import add_serve_arguments, env_warnings, resolve_config
-from exporter.ctl import clean, format_reset, format_status
+from exporter.base.ports import free_listen_port, free_port_range
+from exporter.commands.cli import build_parser
+from exporter.commands.ctl import clean, format_reset, format_status
+from exporter.commands.service import run_serve
+from exporter.config.settings import add_serve_arguments, env_warnings, resolve_config
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port, free_port_range
-from exporter.service import run_serve
 from tests.harness.processes import PYTHON, ROOT, can_bind
 
 OWNER = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555", "admin_listen": "off"}

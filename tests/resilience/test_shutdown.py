@@ -11,7 +11,7 @@ import time
 
 import aiohttp
 
-from exporter.ports import free_listen_port, free_port_range
+from exporter.base.ports import free_listen_port, free_port_range
 from tests.harness.processes import PYTHON, ROOT, SimProcess, can_bind, sim_processes
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from exporter.base.ports import free_listen_port, free_port_range
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port, free_port_range
 from exporter.sim.engine import SimOptions
 from tests.harness.processes import PYTHON, ROOT, clean_env, run_cli, terminate
 from tests.harness.scrape import metric_value

@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from exporter.client.transport.owner import OwnerTransport
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
     encode_handshake_message,
@@ -22,7 +23,6 @@ from exporter.protocol import (
 )
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.sim.engine import SimOptions
-from exporter.transport.owner import OwnerTransport
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.rawengine import RawEngine
 from tests.harness.scrape import metric_value as metric
@@ -238,7 +238,7 @@ async def test_item18_coordinated_dp_engines_are_refused_in_owner_mode(
 
 async def test_item17_ipv6_end_to_end(service_factory: ServiceFactory) -> None:
     """Handshake, input, outputs and advertised addresses on ::1."""
-    from exporter.ports import free_listen_port
+    from exporter.base.ports import free_listen_port
 
     port = free_listen_port("::1")
     svc = await service_factory(2, handshake_address=f"tcp://[::1]:{port}", advertise_host="::1")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from exporter.sim.engine import SimEngine, SimOptions
 from exporter.sim.frontend import SimFrontend
 from tests.harness.apiservers import ApiServers, http_config

@@ -21,7 +21,7 @@ import pytest
 
 from bench.flood import FLOODER
 from bench.procs import proc_rss_kib, stop_process
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.service import serve_config, start_service
 from tests.harness.waiting import eventually

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import zmq
 
+from exporter.base.ports import free_listen_port
+from exporter.client.transport import sockets
+from exporter.client.transport.relay import RelayTransport
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
-from exporter.transport import sockets
-from exporter.transport.relay import RelayTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def _limit(soft: int, hard: int) -> None:
 
 def test_soft_open_file_limit_is_raised_to_the_hard_limit() -> None:
     code = (
-        "import resource; from exporter.transport import sockets; "
+        "import resource; from exporter.client.transport import sockets; "
         "sockets.ensure_open_files(sockets.descriptors_needed(1024)); "
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )

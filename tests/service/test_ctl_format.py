@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.ctl import format_status
+from exporter.commands.ctl import format_status
 
 
 def _status(sleeping: bool, paused: bool | None) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from exporter import eventloop
-from exporter.config import resolve_config
+from exporter.base import eventloop
+from exporter.base.ports import free_listen_port
+from exporter.config.settings import resolve_config
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
 from tests.harness.processes import ROOT, SimProcess, clean_env, python_cmd, run_cli, sim_processes
 from tests.harness.processes import terminate as terminate_process
 from tests.harness.scrape import metric_value, parse_metrics

@@ -1,6 +1,6 @@
 """Issue 3: the metric catalog, the docs and a live exporter agree on every metric name.
 
-docs/metrics.md is generated from exporter/metrics_catalog.py (tools/gen_metrics_doc.py);
+docs/metrics.md is generated from exporter/metrics/catalog.py (tools/gen_metrics_doc.py);
 tests/data/design_metrics.txt is the product contract's metric table (docs/design.md).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from exporter.metrics_catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
+from exporter.metrics.catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
 from exporter.sim.state import ALL_TAGS
 from tests.harness.processes import ROOT
 from tests.harness.scrape import metric_value as value

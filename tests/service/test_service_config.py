@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import add_serve_arguments, resolve_config
+from exporter.base.ports import free_listen_port
+from exporter.config.settings import add_serve_arguments, resolve_config
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
 from tests.harness.processes import run_cli
 
 BASE = {"engine_count": 2, "handshake_address": "tcp://127.0.0.1:5555"}

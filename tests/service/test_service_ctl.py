@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from exporter.sim.state import ALL_TAGS
 from tests.harness.processes import python_cmd, run_cli
 from tests.harness.service import WAIT_S, ServiceFactory

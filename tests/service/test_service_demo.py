@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.ports import free_listen_port
+from exporter.base.ports import free_listen_port
 from tests.harness.processes import (
     ROOT,
     children_of,

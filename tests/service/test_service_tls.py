@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.basicauth import BasicAuth
-from exporter.config import ServeConfig, resolve_config
+from exporter.base.ports import free_listen_port
+from exporter.commands.service import serve
+from exporter.config.settings import ServeConfig, resolve_config
+from exporter.config.webconfig import load_web_config
 from exporter.error import ConfigError
-from exporter.ports import free_listen_port
-from exporter.service import serve
-from exporter.webconfig import load_web_config
+from exporter.web.basicauth import BasicAuth
 from tests.harness import artefacts
 from tests.harness.processes import run_cli
 from tests.harness.tls import PASSWORD, USER, Pki, bcrypt_hash, make_pki, write_web_config

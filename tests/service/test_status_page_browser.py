@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.history import FleetHistory
+from exporter.fleetstate.history import FleetHistory
 from exporter.sim.engine import SimOptions
 from tests.harness.browser import Dom, descendants, dump_dom, find_chromium, screenshot
 from tests.harness.service import Service, ServiceFactory

@@ -4,7 +4,11 @@ rules over real sockets: tests/resilience)."""
 
 from __future__ import annotations
 
-from exporter.transport.links import EngineLink, engine_connection_closed, is_engine_connection
+from exporter.client.transport.links import (
+    EngineLink,
+    engine_connection_closed,
+    is_engine_connection,
+)
 
 
 def link(peers: set[int], engine_fd: int | None = None) -> EngineLink:

@@ -8,10 +8,16 @@ import logging
 
 import pytest
 
-from exporter.aggregate import aggregate_all_true
-from exporter.fake import FakeFleet, answers
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.poller import Poller
+from exporter.client.fake import FakeFleet, answers
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.client.http_replies import (
+    MAX_INCONSISTENT_VALUES,
+    interpret,
+    parse_inconsistent,
+)
+from exporter.control.poller import Poller
+from exporter.fleetstate.aggregate import aggregate_all_true
+from exporter.metrics.stats import Stats
 from exporter.protocol import decode_engine_outputs, encode_utility_reply
 from exporter.protocol.strings import (
     CUT_MARKER,
@@ -22,12 +28,6 @@ from exporter.protocol.strings import (
     bound_text,
     bound_value,
     is_cut,
-)
-from exporter.stats import Stats
-from exporter.transport.http_replies import (
-    MAX_INCONSISTENT_VALUES,
-    interpret,
-    parse_inconsistent,
 )
 
 MB = 1_000_000

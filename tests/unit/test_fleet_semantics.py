@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from exporter.admin import AdminController
-from exporter.aggregate import FleetState
-from exporter.config import resolve_config
-from exporter.fake import FakeFleet, answers
-from exporter.faults import ProtocolErrorTally
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.reset import parse_reset
-from exporter.runtime import Exporter
-from exporter.server import status_json
-from exporter.tasks import supervise
+from exporter.base.faults import ProtocolErrorTally
+from exporter.base.tasks import supervise
+from exporter.client.fake import FakeFleet, answers
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.config.settings import resolve_config
+from exporter.control.reset import parse_reset
+from exporter.control.runtime import Exporter
+from exporter.fleetstate.aggregate import FleetState
+from exporter.web.admin import AdminController
+from exporter.web.app import status_json
 from tests.harness.scrape import metric_value, parse_metrics
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from prometheus_client.exposition import generate_latest
 
-from exporter.config import resolve_config
-from exporter.exposition import render_text
-from exporter.fake import FakeFleet
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.runtime import Exporter
-from exporter.stats import Stats
+from exporter.client.fake import FakeFleet
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.config.settings import resolve_config
+from exporter.control.runtime import Exporter
+from exporter.metrics.exposition import render_text
+from exporter.metrics.stats import Stats
 
 
 def fixed(engine: str, method: str, args: tuple[object, ...]) -> object:

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from exporter.actions import (
+from exporter.client.fake import FakeFleet
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.config.settings import resolve_config
+from exporter.control.actions import (
     ACTIONS,
     ActionRequest,
     BadRequest,
@@ -20,14 +23,11 @@ from exporter.actions import (
     run_action,
     run_verify_weights,
 )
-from exporter.aggregate import FleetState
-from exporter.checksums import compare, comparison_key, flatten
-from exporter.config import resolve_config
-from exporter.fake import FakeFleet
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.gate import GateRequestError, Sample, evaluate, parse_conditions
-from exporter.invariants import SLEEPING, WEIGHT_VERSION
-from exporter.runtime import Exporter
+from exporter.control.gate import GateRequestError, Sample, evaluate, parse_conditions
+from exporter.control.runtime import Exporter
+from exporter.fleetstate.aggregate import FleetState
+from exporter.fleetstate.checksums import compare, comparison_key, flatten
+from exporter.fleetstate.invariants import SLEEPING, WEIGHT_VERSION
 
 NO_ATTR = "Call to {m} method failed: 'EngineCoreProc' object has no attribute '{m}'"
 

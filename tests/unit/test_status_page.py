@@ -9,11 +9,11 @@ import hashlib
 import re
 from typing import Any
 
-from exporter.fake import FakeFleet, answers
-from exporter.fleet import EngineOutcome, Outcome
-from exporter.history import FleetHistory
-from exporter.statusdoc import SCHEMA_VERSION, status_json
-from exporter.statuspage import CSP, HEADERS, age, render_page
+from exporter.client.fake import FakeFleet, answers
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.fleetstate.history import FleetHistory
+from exporter.web.statusdoc import SCHEMA_VERSION, status_json
+from exporter.web.statuspage import CSP, HEADERS, age, render_page
 from tests.harness.statusschema import validate_status
 from tests.unit.test_fleet_semantics import make_exporter
 

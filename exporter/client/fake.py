@@ -1,0 +1,105 @@
+"""An in-memory fleet: the ``FleetClient`` interface with a handler instead of engines.
+
+As httpx's ``MockTransport`` does for HTTP, ``FakeFleet`` takes one function that answers every
+call (``handler(engine, method, args)``) and implements the same interface as the real attach
+modes, so the poller, metrics, admin and status code run in tests and benchmarks without
+sockets. The real-socket tests stay the main proof; this is the fast tier (``make unit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineDetail, EngineOutcome, Outcome
+from exporter.error import MethodNotAllowed
+
+#: ``handler(engine label, method, args)``: a value is an OK answer; an ``EngineOutcome`` is
+#: returned as it is (failed, timeout, disconnected ...).
+Handler = Callable[[str, str, tuple[Any, ...]], Any]
+
+
+@dataclass
+class FakeFleet:
+    """``FleetClient`` over ``handler``; engines listed in ``disconnected`` are not called."""
+
+    handler: Handler
+    engines: Sequence[str] = ("0", "1")
+    allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
+    unsupported: frozenset[str] = frozenset()
+    disconnected: set[str] = field(default_factory=set)
+    vllm_version: str | None = "0.33.0"
+    #: Every call made, in order: (engine, method, args).
+    calls: list[tuple[str, str, tuple[Any, ...]]] = field(default_factory=list)
+    started: bool = False
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return list(self.engines)
+
+    def engine_details(self) -> list[EngineDetail]:
+        return [
+            EngineDetail(
+                engine=e,
+                connected=e not in self.disconnected,
+                address=f"fake://{e}",
+                vllm_version=self.vllm_version,
+                enable_sleep_mode=True,
+                handshakes=1,
+            )
+            for e in self.engines
+        ]
+
+    def connected_count(self) -> int:
+        return sum(1 for e in self.engines if e not in self.disconnected)
+
+    def supports(self, method: str) -> bool:
+        return method in self.allowed_methods and method not in self.unsupported
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def close(self) -> None:
+        self.started = False
+
+    async def call_utility(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
+    ) -> list[EngineOutcome]:
+        if method not in self.allowed_methods:
+            raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+        outcomes = []
+        for engine in self.engines:
+            if engines is not None and engine not in engines:
+                continue
+            if engine in self.disconnected:
+                outcomes.append(
+                    EngineOutcome(engine, Outcome.DISCONNECTED, error="engine is not connected")
+                )
+                continue
+            self.calls.append((engine, method, args))
+            answer = self.handler(engine, method, args)
+            if isinstance(answer, EngineOutcome):
+                outcomes.append(answer)
+            else:
+                outcomes.append(EngineOutcome(engine, Outcome.OK, answer, duration_s=0.001))
+        return outcomes
+
+
+def answers(values: dict[str, dict[str, Any]]) -> Handler:
+    """A handler from fixed answers: ``{engine: {method: value}}``; a missing method fails as
+    vLLM's engine does for an unknown attribute."""
+
+    def handler(engine: str, method: str, args: tuple[Any, ...]) -> Any:
+        per_engine = values.get(engine, {})
+        if method not in per_engine:
+            text = f"Call to {method} method failed: 'EngineCoreProc' object has no attribute"
+            return EngineOutcome(engine, Outcome.FAILED, error=text, duration_s=0.001)
+        return per_engine[method]
+
+    return handler

@@ -1,0 +1,191 @@
+"""Pure mapping of one vLLM dev/RL-route reply to one ``EngineOutcome`` (protocol doc F.4).
+
+An API server whose own engines disagree answers HTTP 500 "Engines returned different
+is_sleeping results: [False, True]" (a Python list repr; ``GET /is_paused`` wraps it as
+``{"error": "Failed to fetch pause status: Engines returned different is_scheduler_paused
+results: [...]"}``): that target becomes ``INCONSISTENT`` carrying those values. 404 on
+``/is_sleeping`` or ``/reset_prefix_cache`` means dev mode is off; 404 on any other route means
+the server lacks it (an older vLLM, or dev mode off): ``FAILED`` with :data:`UNSUPPORTED_HINT`
+in the error. An empty 200 from a reset means a vLLM older than 0.26 (no ``success`` field).
+
+The value of an OK outcome is what the engine-core utility method returns (D): ``None`` for
+``sleep``, ``pause_scheduler``, ``resume_scheduler``, ``set_weight_version`` and the cache
+resets; ``wake_up``'s fully-awake bool; the version (or ``None``); for
+``compute_weight_checksums`` a list of ``{key: digest}`` maps, one per worker (the route's merged
+map split again by the keys' ``dp..:pp..:pcp..:tp..:ep..:`` rank prefix).
+
+Every string of a reply (error texts, values, the values of an inconsistent answer) is cut by the
+rule owner and relay mode apply to engine replies, ``exporter.protocol.strings``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.strings import bound_text, bound_value
+
+DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
+NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"
+#: In the error of a method whose route answered 404: the API server does not have it (a vLLM
+#: without the route, or dev mode off). Callers treat it as "unsupported", like the engine's
+#: "'EngineCoreProc' object has no attribute '<method>'".
+UNSUPPORTED_HINT = "route not found on this server"
+#: Methods whose 404 means dev mode is off (their routes exist in every supported vLLM).
+DEV_MODE_METHODS = frozenset({"is_sleeping", "reset_prefix_cache"})
+_INCONSISTENT = re.compile(
+    r"(?:^|: )Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL
+)
+_RANK_PREFIX = re.compile(r"^(?:(?:dp|pp|pcp|tp|ep)\d+:)+")
+#: Values of one inconsistent answer kept (one per engine of that API server); the rest are
+#: summed up in one last marker value.
+MAX_INCONSISTENT_VALUES = 1024
+#: Methods answered with a body whose content does not matter (the utility returns None).
+_NONE_METHODS = frozenset(
+    {
+        "sleep",
+        "pause_scheduler",
+        "resume_scheduler",
+        "set_weight_version",
+        "reset_mm_cache",
+        "reset_encoder_cache",
+    }
+)
+#: Read methods: the JSON key holding the value.
+_VALUE_KEYS = {
+    "is_sleeping": "is_sleeping",
+    "is_scheduler_paused": "is_paused",
+    "get_weight_version": "weight_version",
+}
+
+
+def _error_message(body: bytes) -> str | None:
+    """vLLM's error envelope ``{"error": {"message": ...}}`` or FastAPI's ``{"detail": ...}``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        detail = data.get("detail")
+        if detail is not None:
+            return detail if isinstance(detail, str) else json.dumps(detail)
+    return None
+
+
+def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
+    """The values of vLLM's "Engines returned different <method> results: [...]" message
+    (also behind a route's own prefix, "Failed to fetch pause status: Engines ...")."""
+    m = _INCONSISTENT.search(message.strip())
+    if m is None or m.group(1) != method:
+        return None
+    try:
+        values = ast.literal_eval(m.group(2))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(values, list):
+        return None
+    kept = [_plain(v) for v in values[:MAX_INCONSISTENT_VALUES]]
+    if len(values) > MAX_INCONSISTENT_VALUES:
+        kept.append(f"…[cut: {len(values) - MAX_INCONSISTENT_VALUES} more values]")
+    return tuple(kept)
+
+
+def _plain(value: Any) -> Any:
+    """One value of vLLM's list repr as JSON can carry it: scalars (strings cut), anything
+    else (``literal_eval`` also builds sets, tuples, bytes) as its cut repr."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return bound_text(value if isinstance(value, str) else repr(value))
+
+
+def rank_prefix(key: str) -> str:
+    """The ``dp0:pp0:pcp0:tp0:ep0:`` rank prefix of a weight-checksum key ("" if none)."""
+    m = _RANK_PREFIX.match(key)
+    return m.group(0) if m else ""
+
+
+def split_checksums(checksums: dict[str, str]) -> list[dict[str, str]]:
+    """A merged ``/weight_checker`` map → one map per worker (rank prefix), first-seen order."""
+    workers: dict[str, dict[str, str]] = {}
+    for key, digest in checksums.items():
+        workers.setdefault(rank_prefix(key), {})[key] = digest
+    return list(workers.values())
+
+
+def unsupported_error(method: str) -> str:
+    return f"{UNSUPPORTED_HINT}: {method} (a vLLM without this route, or dev mode off)"
+
+
+def interpret(
+    label: str, method: str, status: int, body: bytes, duration_s: float | None
+) -> EngineOutcome:
+    """Pure: one HTTP reply of a dev or RL route → one ``EngineOutcome`` (F.4, F.4.1)."""
+
+    def failed(error: str) -> EngineOutcome:
+        return EngineOutcome(label, Outcome.FAILED, error=bound_text(error), duration_s=duration_s)
+
+    def ok(value: Any) -> EngineOutcome:
+        return EngineOutcome(label, Outcome.OK, bound_value(value), duration_s=duration_s)
+
+    if status == 404:
+        return failed(DEV_MODE_OFF if method in DEV_MODE_METHODS else unsupported_error(method))
+    message = _error_message(body)
+    if status == 500 and message is not None:
+        values = parse_inconsistent(message, method)
+        if values is not None:
+            return EngineOutcome(
+                label,
+                Outcome.INCONSISTENT,
+                error=bound_text(message),
+                duration_s=duration_s,
+                values=values,
+            )
+        return failed(message)
+    if status != 200:
+        return failed(f"HTTP {status}: {message if message is not None else _snippet(body)}")
+    if method in _NONE_METHODS:
+        return ok(None)  # the route's body only echoes the request
+    if method == "reset_prefix_cache":
+        key = "success"
+    elif method == "wake_up":
+        key = "status"
+    elif method == "compute_weight_checksums":
+        key = "checksums"
+    else:
+        key = _VALUE_KEYS.get(method, method)
+    if not body.strip():
+        if method == "wake_up":
+            return ok(None)  # older vLLM: wake_up returned nothing
+        return failed(NO_SUCCESS_FIELD if key == "success" else "empty response body")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return failed(f"response is not JSON: {_snippet(body)}")
+    if not isinstance(data, dict) or key not in data:
+        if key == "success":
+            return failed(NO_SUCCESS_FIELD)
+        if method == "wake_up":
+            return ok(None)
+        return failed(f"response has no {key!r}: {_snippet(body)}")
+    value = data[key]
+    if method == "wake_up":
+        return ok(value == "awake")
+    if method == "compute_weight_checksums":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return failed(f"checksums are not a map of strings: {_snippet(body)}")
+        return ok(split_checksums(value))
+    return ok(value)
+
+
+def _snippet(body: bytes) -> str:
+    return bound_text(body.decode("utf-8", "replace").strip()) or "(empty body)"

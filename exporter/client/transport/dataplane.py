@@ -1,0 +1,456 @@
+"""The exporter's data plane on every engine, shared by owner and relay mode.
+
+One input ROUTER (``ROUTER_MANDATORY``: an unroutable send is an error, not a silent drop;
+``ROUTER_HANDOVER``: a restarted engine takes its identity over) and one output PULL bound on a
+separate address *per engine*: ENGINE_CORE_DEAD carries no engine index, so the address an
+engine's connection came in on is what makes a death attributable. One socket monitor on that
+PULL reports each connection's file descriptor and local address when it is accepted and when
+it closes (a SIGKILLed engine sends nothing); ``ZMQ_SRCFD`` ties every message to its
+connection, so every message is attributed to the engine whose address it arrived on. One
+socket for every engine (not one each) is what vLLM's front end does: one wake-up and one
+``ZMQ_EVENTS`` probe per batch of replies instead of per engine (docs/scale.md).
+
+These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their file descriptors.
+Each reader handles at most ``DRAIN_BATCH`` messages per event-loop turn and then yields, and
+every socket's receive queue is bounded (``RECV_HWM``): a flooding peer is throttled by TCP back
+pressure instead of freezing the loop or growing memory. The handshake socket, which sees a few
+frames per engine lifetime, stays on ``zmq.asyncio`` (``HandshakeSocket``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.transport import sockets
+from exporter.client.transport.events import TransportListener
+from exporter.client.transport.handshake_socket import HandshakeSocket
+from exporter.client.transport.links import (
+    DRAIN_BATCH,
+    MAX_FRAME_BYTES,
+    NOBLOCK,
+    SNDMORE_NOBLOCK,
+    EngineLink,
+    FleetShape,
+    Phase,
+    engine_connection_closed,
+    is_engine_connection,
+    port_of,
+    recv_message,
+    recv_message_fd,
+    send_frame,
+)
+from exporter.client.transport.linkstate import CALLABLE, EngineLinks
+from exporter.client.transport.state_check import StateExpectation
+from exporter.client.transport.state_file import StateFile, StateSnapshot, records_of
+from exporter.error import EngineUnavailable, ProtocolError
+from exporter.protocol import (
+    ENGINE_CORE_DEAD,
+    UTILITY_REQUEST_TYPE,
+    RegistrationInfo,
+    decode_engine_outputs,
+    decode_registration,
+)
+
+log = logging.getLogger("exporter.transport")
+
+
+class EngineDataPlane(EngineLinks):
+    """Input and output sockets of every expected engine.
+
+    Subclasses run the handshake (``_start_control`` / ``_on_handshake_frames``) and move links
+    through ``Phase``; this class routes utility frames and reports outputs, deaths and
+    (re)connections to the listener.
+    """
+
+    #: ZMQ sockets and file descriptors per engine at their peak (every engine handshaking at
+    #: once); a mode with more per-engine sockets (the relay's upstream) raises them.
+    #: The output PULL and its monitor are shared by every engine: ``SOCKETS_BASE``.
+    SOCKETS_PER_ENGINE = sockets.SOCKETS_PER_ENGINE
+    FDS_PER_ENGINE = sockets.FDS_PER_ENGINE
+    #: The exporter's slot on every engine when the mode fixes it (owner: 0); a state file
+    #: naming any other is not believed.
+    FIXED_SLOT: int | None = None
+    #: What ignoring a state file means in this mode (the end of its warning).
+    IGNORED_STATE = "its engines are not restored"
+
+    def __init__(
+        self,
+        shape: FleetShape,
+        listener: TransportListener,
+        errors: ProtocolErrorTally,
+        *,
+        context: zmq.asyncio.Context | None = None,
+        state_writes: Counter[str] | None = None,
+    ) -> None:
+        super().__init__(shape)
+        self._listener = listener
+        self._errors = errors
+        self._own_context = context is None
+        self._ctx = context or zmq.asyncio.Context()
+        self._input: zmq.Socket[bytes] | None = None
+        #: One PULL bound on every engine's output address, and its connection monitor.
+        self._output: zmq.Socket[bytes] | None = None
+        self._output_monitor: zmq.Socket[bytes] | None = None
+        #: Output port → engine (each engine has its own), live connection fd → engine.
+        self._by_port: dict[int, EngineLink] = {}
+        self._by_fd: dict[int, EngineLink] = {}
+        #: Closed connections' engines, until the descriptor number is reused (bounded by the
+        #: process's descriptor limit).
+        self._closed_by_fd: dict[int, EngineLink] = {}
+        self._readers: list[int] = []
+        self._input_check_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handshake_side = HandshakeSocket(self._ctx, errors, self._on_handshake_frames)
+        self.input_address = ""
+        #: State-file writes by outcome (``vllm_dp_state_file_writes_total``).
+        self.state_writes: Counter[str] = state_writes if state_writes is not None else Counter()
+        self._state = StateFile(shape.state_file, self._state_snapshot, errors, self.state_writes)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def check_resources(self) -> None:
+        """Raise the context's socket limit and the process's open-file limit to what this
+        many engines need; ConfigError (one line) when the machine's limits are too low.
+        libzmq reads the socket limit when a context opens its first socket: a context passed
+        in must be sized by its owner (``sockets.raise_max_sockets``)."""
+        count = self.shape.engine_count
+        sockets.raise_max_sockets(
+            self._ctx, sockets.sockets_needed(count, per_engine=self.SOCKETS_PER_ENGINE)
+        )
+        sockets.ensure_open_files(sockets.descriptors_needed(count, per_engine=self.FDS_PER_ENGINE))
+
+    async def start(self) -> None:
+        """Bind every socket and start receiving; engines may connect from now on."""
+        self.check_resources()
+        self._state.lock()  # before any bind: a second exporter on the file leaves no trace
+        self._loop = asyncio.get_running_loop()
+        shape = self.shape
+        base = shape.fixed_base_port
+        bind_host = shape.bind_host or shape.advertise_host
+        try:
+            self._input = sockets.plain_socket(self._ctx, zmq.ROUTER)
+            self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self.input_address = sockets.bind(self._input, bind_host, shape.advertise_host, base)
+            self._output = output = sockets.plain_socket(self._ctx, zmq.PULL)
+            for offset, link in enumerate(self._links.values()):
+                port = None if base is None else base + 1 + offset
+                link.output_address = sockets.bind(output, bind_host, shape.advertise_host, port)
+                self._by_port[port_of(link.output_address)] = link
+            self._output_monitor = sockets.monitor_socket(self._ctx, output, f"{id(self)}")
+            await self._start_control()
+        except BaseException:
+            await self.close()
+            raise
+        assert self._output is not None and self._output_monitor is not None
+        self._watch(self._input, self._drain_input)
+        self._watch(self._output_monitor, self._drain_monitor)
+        self._watch(self._output, self._drain_output, True)
+
+    def _watch(self, sock: zmq.Socket[bytes], drain: Callable[..., None], *args: object) -> None:
+        """Call ``drain(*args)`` whenever the socket's (edge-triggered) FD signals, and once
+        now (a bound method with arguments: no closure frame per wake-up on the hot path)."""
+        assert self._loop is not None
+        fd = cast(int, sock.getsockopt(zmq.FD))
+        self._loop.add_reader(fd, drain, *args)
+        self._readers.append(fd)
+        self._loop.call_soon(drain, *args)
+
+    async def close(self) -> None:
+        """Stop receiving and close every socket with linger 0."""
+        await self._close_control()
+        await self._state.close()
+        if self._loop is not None:
+            for fd in self._readers:
+                self._loop.remove_reader(fd)
+        self._readers.clear()
+        if self._output is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._output.disable_monitor()
+        for sock in (self._output_monitor, self._output):
+            if sock is not None:
+                sock.close(linger=0)
+        self._output = self._output_monitor = None
+        if self._input is not None:
+            self._input.close(linger=0)
+            self._input = None
+        if self._own_context:
+            # A relay's upstream socket closed after READY may still be flushing it.
+            await asyncio.to_thread(self._ctx.term)
+
+    async def _start_control(self) -> None:
+        """Bind the handshake side (subclasses call ``_open_handshake``)."""
+
+    async def _close_control(self) -> None:
+        """Stop the handshake side."""
+        await self._close_handshake()
+
+    # -- the handshake socket ------------------------------------------------------------------
+
+    def _open_handshake(self, address: str) -> None:
+        """Bind the handshake ROUTER the engines dial (``HandshakeSocket``)."""
+        self._handshake_side.open(address)
+
+    async def _close_handshake(self) -> None:
+        await self._handshake_side.close()
+
+    @property
+    def _handshake(self) -> zmq.asyncio.Socket | None:
+        return self._handshake_side.sock
+
+    async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+        """One message on the handshake ROUTER (subclasses)."""
+
+    def _refusal(self, link: EngineLink) -> str | None:
+        """Hook: why this attach mode cannot serve a handshaken engine (None: it can)."""
+        return None
+
+    def _maybe_up(self, link: EngineLink) -> None:
+        """READY and the registration travel on different connections: up when both came."""
+        if link.phase is not Phase.INIT_SENT or not (link.ready and link.registered):
+            return
+        reason = self._refusal(link)
+        if reason is not None:
+            link.refused = reason
+            self._set_phase(link, Phase.REFUSED)
+            self._errors.record("engine_refused", f"engine {link.engine_index}: {reason}")
+            log.error("engine %d refused: %s", link.engine_index, reason)
+            return
+        link.refused = None
+        self._set_phase(link, Phase.UP)
+        log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
+        self._write_state()
+        self._listener.on_engine_up(link.engine_index)
+
+    # -- the state file ----------------------------------------------------------------------
+
+    def _state_extra(self) -> dict[str, str]:
+        """Hook: addresses the state file records beside the engines (for the operator)."""
+        return {}
+
+    def _write_state(self) -> None:
+        """Remember every engine with a slot: a restarted exporter on the same fixed addresses
+        finds them (and what they registered) again, since they never handshake twice. Written
+        in the background, coalesced (``StateWriter``); ``close`` waits for the last write."""
+        self._state.request()
+
+    def _state_snapshot(self) -> StateSnapshot:
+        extra: dict[str, Any] = {"engine_count": self.shape.engine_count}
+        extra.update(start_rank=self.shape.start_rank, **self._state_extra())
+        return self.input_address, extra, records_of(self._links.values())
+
+    def _restore_state(self) -> None:
+        """Engines a previous exporter process on these addresses had: callable until proven
+        otherwise, with their registration details (no handshake will repeat them). Only a
+        file whose every field is possible for these engines is believed (``state_check``)."""
+        shape, links = self.shape, self._links
+        engines = {i: (link.identity.hex(), link.output_address) for i, link in links.items()}
+        expect = StateExpectation(
+            self.input_address, shape.engine_count, shape.start_rank, engines, self.FIXED_SLOT
+        )
+        if self._state.restore(links, expect, self.IGNORED_STATE):
+            self._changed.set()
+
+    def confirm_dead(self, engine_index: int) -> None:
+        """The engine is dead (its ENGINE_CORE_DEAD was confirmed): stop calling it."""
+        link = self._links[engine_index]
+        if link.phase is Phase.DEAD:
+            return
+        log.warning("engine %d is dead (ENGINE_CORE_DEAD)", engine_index)
+        self._set_phase(link, Phase.DEAD)
+        self._write_state()
+        self._listener.on_engine_down(engine_index, "dead")
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send_utility(self, engine_index: int, payload: bytes) -> None:
+        """Route a UTILITY payload to one engine; EngineUnavailable when it cannot be sent."""
+        link = self._links[engine_index]
+        if link.slot is None or link.phase not in CALLABLE:
+            raise EngineUnavailable(f"engine {engine_index} is {self._why_not(link)}")
+        assert self._input is not None and self._loop is not None
+        try:
+            # SNDHWM=0 and ROUTER semantics: never blocks; EHOSTUNREACH when not routable.
+            sock = self._input
+            send_frame(sock, link.identity, SNDMORE_NOBLOCK)
+            send_frame(sock, UTILITY_REQUEST_TYPE, SNDMORE_NOBLOCK)
+            send_frame(sock, payload, NOBLOCK)
+        except zmq.ZMQError as exc:
+            raise EngineUnavailable(f"engine {engine_index} is not routable: {exc}") from None
+        finally:
+            # A send can consume the FD's edge for a registration waiting to be read.
+            self._schedule_input_drain()
+
+    def _schedule_input_drain(self) -> None:
+        if not self._input_check_scheduled and self._loop is not None:
+            self._input_check_scheduled = True
+            self._loop.call_soon(self._drain_input)
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def _drain_input(self) -> None:
+        self._input_check_scheduled = False
+        sock = self._input
+        for _ in range(DRAIN_BATCH):
+            frames = recv_message(sock) if sock is not None else None
+            if frames is None:
+                return
+            try:
+                self._on_input_frames(frames)
+            except ProtocolError as exc:
+                self._errors.record(exc.kind, f"input socket: {exc}")
+            except Exception as exc:  # a bug must not stop the reader: count it, go on
+                self._errors.task_failed("input_reader", exc)
+        self._schedule_input_drain()  # more may be queued: continue next turn
+
+    def _on_input_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on input socket")
+        identity, payload = frames
+        link = self._by_identity.get(identity)
+        if link is None:
+            raise ProtocolError(
+                "unknown_identity", f"registration from unexpected identity {identity.hex()}"
+            )
+        if link.phase is not Phase.INIT_SENT or link.registered or link.slot is None:
+            raise ProtocolError(
+                "unexpected_registration",
+                f"engine {link.engine_index} registered outside its handshake",
+            )
+        link.registered = True
+        try:
+            link.registration = decode_registration(payload)
+        except ProtocolError as exc:
+            link.registration = RegistrationInfo()
+            self._errors.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
+        self._maybe_up(link)
+
+    def _drain_output(self, woken: bool = False) -> None:
+        """Handle what the output socket has queued (``woken``: its FD signalled, so the first
+        receive skips the ``ZMQ_EVENTS`` probe), each message as from the engine whose address
+        its connection came in on (``_sender``)."""
+        sock = self._output
+        probe = not woken
+        for _ in range(DRAIN_BATCH):
+            received = recv_message_fd(sock, probe=probe) if sock is not None else None
+            probe = True
+            if received is None:
+                return
+            frames, fd = received
+            try:
+                self._on_output_frames(self._sender(fd), frames, fd)
+            except ProtocolError as exc:
+                self._errors.record(exc.kind, f"output socket: {exc}")
+            except Exception as exc:  # a bug must not stop the reader: count it, go on
+                self._errors.task_failed("output_reader", exc)
+        assert self._loop is not None
+        self._loop.call_soon(self._drain_output)  # a flood: yield, then continue
+
+    def _sender(self, fd: int) -> EngineLink:
+        """The engine whose output address connection ``fd`` came in on. libzmq reports a
+        connection to the monitor before any of its messages, so a connection not known yet
+        first reads the monitor; a connection closed since the message was queued is still
+        attributed (``_closed_by_fd``, until its descriptor number is reused)."""
+        link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
+        if link is None:
+            self._drain_monitor(limit=None)
+            link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
+        if link is None:
+            raise ProtocolError("unknown_connection", f"a message from unknown connection {fd}")
+        return link
+
+    def _on_output_frames(self, link: EngineLink, frames: list[bytes], fd: int) -> None:
+        first = frames[0]
+        if len(first) > MAX_FRAME_BYTES:
+            raise ProtocolError(
+                "oversized_frame", f"engine {link.engine_index}: {len(first)} byte output frame"
+            )
+        if len(frames) == 1 and first == ENGINE_CORE_DEAD:  # exactly one frame, as vLLM checks
+            self._on_engine_core_dead(link, fd)
+            return
+        if len(frames) > 1:
+            self._errors.record(
+                "extra_frames", f"engine {link.engine_index}: {len(frames)} output frames"
+            )
+        output = decode_engine_outputs(first)
+        if output.engine_index != link.engine_index:
+            raise ProtocolError(
+                "wrong_engine_index",
+                f"output address of engine {link.engine_index} carried engine_index "
+                f"{output.engine_index}",
+            )
+        if link.phase is Phase.RESTORED:
+            # A restarted exporter on fixed addresses, or a reconnection: the engine is back.
+            log.info("engine %d reattached without a handshake", link.engine_index)
+            self._set_phase(link, Phase.UP)
+            self._listener.on_engine_up(link.engine_index)
+        if self._listener.on_output(link.engine_index, output) and fd >= 0:
+            link.engine_fd = fd  # it answered one of our calls: this connection is the engine
+
+    def _on_engine_core_dead(self, link: EngineLink, fd: int) -> None:
+        """Believe ENGINE_CORE_DEAD at once only from the engine's own connection
+        (``is_engine_connection``); a claim from elsewhere goes to the listener to confirm."""
+        if link.phase not in CALLABLE:
+            return
+        if is_engine_connection(link, fd):
+            self.confirm_dead(link.engine_index)
+        else:
+            self._listener.on_death_claimed(link.engine_index)
+
+    def _drain_monitor(self, limit: int | None = DRAIN_BATCH) -> None:
+        """An engine's output connection closing means its process died or restarted: the
+        engine is LOST (not connected, its calls in flight fail at once instead of at their
+        timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
+        Which closes count: ``engine_connection_closed``. ``limit``: events handled before
+        yielding (None: until none is queued, to judge a message on the current mapping)."""
+        sock = self._output_monitor
+        handled = 0
+        while limit is None or handled < limit:
+            frames = recv_message(sock) if sock is not None else None
+            if frames is None:
+                return
+            handled += 1
+            try:
+                event = parse_monitor_message(frames)
+                kind, fd = int(event.get("event", 0)), int(event.get("value", -1))
+                port = port_of(bytes(event.get("endpoint", b"")).decode("ascii", "replace"))
+            except (ValueError, IndexError, TypeError):  # a malformed event is not actionable
+                continue
+            link = self._by_port.get(port)
+            if link is None:
+                continue
+            if kind == zmq.EVENT_ACCEPTED:
+                self._by_fd[fd] = link
+                self._closed_by_fd.pop(fd, None)
+            elif self._by_fd.get(fd) is link:
+                del self._by_fd[fd]
+                self._closed_by_fd[fd] = link  # its last messages may still be queued
+            self._on_connection_event(link, kind, fd)
+        assert self._loop is not None
+        self._loop.call_soon(self._drain_monitor)
+
+    def _on_connection_event(self, link: EngineLink, event: int, fd: int) -> None:
+        if event == zmq.EVENT_ACCEPTED:
+            link.live_peers.add(fd)
+            if link.phase is Phase.LOST:
+                self._set_phase(link, Phase.RESTORED)  # UP again once it answers
+            return
+        link.live_peers.discard(fd)
+        if not engine_connection_closed(link, fd):
+            log.info("engine %d: a peer of its output socket hung up", link.engine_index)
+            return
+        link.engine_fd = None
+        if link.phase in CALLABLE:
+            log.warning("engine %d: output connection closed", link.engine_index)
+            self._set_phase(link, Phase.LOST)
+            self._listener.on_engine_down(link.engine_index, "disconnected")

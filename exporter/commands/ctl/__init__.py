@@ -1,0 +1,63 @@
+"""``vllm-dp-exporter ctl``: the admin actions, the fleet status and the safe-to-resume wait
+from shell scripts and RL training loops.
+
+Exit codes: 0 success, 2 partial failure (some engine did not confirm an action, or the fleet
+is not consistent), 1 any other error (unreachable exporter, bad token, bad request, ``wait``
+timed out).
+
+Strings in the answers come from engines and peers (a vLLM version, an error text): every one
+is printed with its control characters escaped (``clean``), so none can move the cursor,
+recolour or clear the terminal, or start a fake table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import aiohttp
+
+from exporter.commands.ctl.admin import (
+    Runner,
+    add_admin_commands,
+    format_action,
+    format_reset,
+    runner,
+)
+from exporter.commands.ctl.common import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, clean, table
+from exporter.commands.ctl.status import add_status_command, format_status, run_status
+from exporter.commands.ctl.wait import add_wait_command, run_wait
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
+    "add_ctl_arguments",
+    "clean",
+    "format_action",
+    "format_reset",
+    "format_status",
+    "run_ctl",
+    "table",
+]
+
+
+def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="ctl_command", required=True)
+    add_status_command(sub)
+    add_wait_command(sub)
+    add_admin_commands(sub)
+
+
+def run_ctl(args: argparse.Namespace) -> int:
+    commands: dict[str, Runner] = {"status": run_status, "wait": run_wait}
+    command = commands.get(args.ctl_command) or runner(args.ctl_command)
+    if command is None:
+        print(f"ctl: unknown command {clean(args.ctl_command)}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return asyncio.run(command(args))
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        print(f"ctl: {type(exc).__name__}: {clean(exc)}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,102 @@
+"""``vllm-dp-exporter serve``: run ``create_app(config)`` until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import zmq
+from aiohttp import web
+
+from exporter.base import eventloop
+from exporter.base.logs import configure_logging
+from exporter.config.settings import ServeConfig, env_warnings, resolve_config, secret_file_warnings
+from exporter.control.runtime import freeze_startup_heap
+from exporter.error import ConfigError, ExporterError
+from exporter.web.app import ADMIN_URL_KEY, StartupError, create_app
+from exporter.web.httpguard import guarded_runner
+
+log = logging.getLogger("exporter")
+
+
+async def serve(
+    config: ServeConfig, stop: asyncio.Event | None = None, *, freeze_heap: bool = False
+) -> None:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT arrives). A failure to start (a port in
+    use, a host that cannot be bound) raises ``StartupError`` with a one-line message.
+    ``freeze_heap``: ``freeze_startup_heap`` once listening (the ``serve`` command's process)."""
+    stop = stop or asyncio.Event()
+    log.debug("configuration: %r", config)  # secrets are repr=False: never logged
+    for warning in secret_file_warnings(config):  # names the file and its mode, never the token
+        log.warning("%s", warning)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    app = create_app(config)
+    runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)
+    try:
+        await runner.setup()  # binds the engine-facing sockets and the admin listener
+        host, port = config.listen_host_port
+        tls = config.web.ssl_context if config.web is not None else None
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
+        # Logged once everything is bound: a failed start prints its one error line only.
+        scheme = "https" if tls is not None else "http"
+        if freeze_heap:
+            log.debug("heap frozen after start-up: %d objects", freeze_startup_heap())
+        log.info(
+            "serving /metrics on %s://%s:%d (attach=%s, event loop %s)",
+            scheme,
+            host,
+            port,
+            config.attach,
+            eventloop.running_loop_name(),
+        )
+        if config.web is not None:
+            log.info(
+                "web config %s: TLS %s (client certificates: %s), basic auth %s",
+                config.web.path,
+                "on" if tls is not None else "off",
+                config.web.client_auth_type,
+                "on" if config.web.users else "off",
+            )
+        if ADMIN_URL_KEY in app:
+            log.info("admin endpoint on %s", app[ADMIN_URL_KEY])
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Exit 2 with one line on stderr for a configuration that cannot start (bad settings,
+    unreadable files, ports in use, hosts that cannot be bound); 1 for a later failure."""
+    for warning in env_warnings():
+        print(f"vllm-dp-exporter serve: warning: {warning}", file=sys.stderr)
+    try:
+        config = resolve_config(args)
+    except ConfigError as exc:
+        print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
+        return 2
+    # The config file and environment may set the log level and format too.
+    configure_logging(config.log_level, config.log_format)
+    try:
+        eventloop.run(serve(config, freeze_heap=True), config.event_loop)
+    except (ConfigError, StartupError) as exc:
+        print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
+        return 2
+    except zmq.ZMQError as exc:  # an engine-facing socket, outside start-up
+        print(f"vllm-dp-exporter serve: ZMQ: {exc}", file=sys.stderr)
+        return 1
+    except (ExporterError, OSError) as exc:
+        print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,180 @@
+"""``GET /gate``: the safe-to-resume check an RL loop runs before it resumes traffic.
+
+Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
+``paused=true|false``). The gate runs a **fresh** fan-out of every invariant (never the cached
+poll), shared by concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is the
+pure verdict over that sample: 200 when every expected engine answered and meets every
+condition, 412 naming the failing engines and conditions, 503 when no engine is connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
+from exporter.fleetstate.invariants import (
+    BY_KEY,
+    INVARIANTS,
+    SLEEPING,
+    Invariant,
+    is_unsupported,
+    require_type,
+)
+
+
+class GateRequestError(Exception):
+    """A bad gate query; the message names the parameter."""
+
+
+def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
+    """``{key: expected value}`` from the query (pure)."""
+    conditions: dict[str, Any] = {}
+    for name, values in query.items():
+        invariant = BY_KEY.get(name)
+        if invariant is None:
+            known = ", ".join(BY_KEY)
+            raise GateRequestError(f"unknown condition {name!r} (known: {known})")
+        if len(values) != 1:
+            raise GateRequestError(f"condition {name!r} given more than once")
+        raw = values[0]
+        if invariant.expected == "a boolean":
+            lowered = raw.lower()
+            if lowered not in ("true", "false", "1", "0"):
+                raise GateRequestError(f"condition {name!r} must be true or false, got {raw!r}")
+            conditions[name] = lowered in ("true", "1")
+        else:
+            if not raw or len(raw) > 256:
+                raise GateRequestError(f"condition {name!r} must be 1-256 characters")
+            conditions[name] = raw
+    return conditions
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One fresh fan-out: method → engine → outcome (type-checked), and when it was taken."""
+
+    outcomes: Mapping[str, Mapping[str, EngineOutcome]]
+    engines: tuple[str, ...]
+    taken_at_unix: float
+    taken_at: float  # monotonic
+
+
+def _engine_failures(
+    engine: str, conditions: Mapping[str, Any], sample: Sample
+) -> tuple[list[str], dict[str, Any]]:
+    failures: list[str] = []
+    values: dict[str, Any] = {}
+    wanted: list[Invariant] = [BY_KEY[k] for k in conditions]
+    if SLEEPING not in wanted:
+        wanted.insert(0, SLEEPING)  # every engine must answer, conditions or not
+    for invariant in wanted:
+        o = sample.outcomes.get(invariant.method, {}).get(engine)
+        if o is None:
+            failures.append(f"{invariant.key}: not available in this attach mode")
+            continue
+        if o.outcome is not Outcome.OK:
+            why = "unsupported by this engine" if is_unsupported(o) else o.outcome.value
+            detail = f" ({o.error})" if o.error and not is_unsupported(o) else ""
+            failures.append(f"{invariant.key}: {why}{detail}")
+            continue
+        values[invariant.key] = o.value
+        if invariant.key in conditions and o.value != conditions[invariant.key]:
+            failures.append(
+                f"{invariant.key} is {o.value!r}, expected {conditions[invariant.key]!r}"
+            )
+    return failures, values
+
+
+def evaluate(
+    conditions: Mapping[str, Any], sample: Sample, now: float
+) -> tuple[int, dict[str, Any]]:
+    """Pure: (HTTP status, JSON body) of the gate for ``conditions`` over ``sample``."""
+    engines = []
+    failing = []
+    for engine in sample.engines:
+        failures, values = _engine_failures(engine, conditions, sample)
+        engines.append(
+            {"engine": engine, "ok": not failures, "values": values, "failures": failures}
+        )
+        if failures:
+            failing.append(engine)
+    ok = bool(sample.engines) and not failing
+    body = {
+        "ok": ok,
+        "conditions": dict(conditions),
+        "engines": engines,
+        "failing_engines": failing,
+        "checked_at_unix": sample.taken_at_unix,
+        "age_s": round(max(0.0, now - sample.taken_at), 3),
+    }
+    return (200 if ok else 412), body
+
+
+class Gate:
+    """The shared, rate-bounded fresh fan-out behind ``GET /gate``."""
+
+    def __init__(
+        self,
+        client: FleetClient,
+        *,
+        timeout_s: float,
+        min_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._timeout_s = timeout_s
+        self._min_interval_s = min_interval_s
+        self._clock = clock
+        self._wall = wall_clock
+        self._last: Sample | None = None
+        self._inflight: asyncio.Future[Sample] | None = None
+        self.fanouts = 0
+
+    async def sample(self) -> Sample:
+        """A sample no older than ``min_interval_s``; callers arriving while one is being
+        taken share it."""
+        last = self._last
+        if last is not None and self._clock() - last.taken_at < self._min_interval_s:
+            return last
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._take())
+        # Shielded: one caller hanging up does not cancel the others' fan-out.
+        return await asyncio.shield(self._inflight)
+
+    async def _take(self) -> Sample:
+        self.fanouts += 1
+        client = self._client
+        engines = tuple(client.engine_labels)
+        asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
+        results = await asyncio.gather(
+            *(client.call_utility(inv.method, timeout_s=self._timeout_s) for inv in asked)
+        )
+        outcomes = {
+            inv.method: {o.engine: o for o in require_type(inv, got)}
+            for inv, got in zip(asked, results, strict=True)
+        }
+        sample = Sample(outcomes, engines, self._wall(), self._clock())
+        self._last = sample
+        return sample
+
+    def invalidate(self) -> None:
+        """Forget the shared sample (an admin action just changed the state): the next caller
+        gets a fan-out that starts after the change, never one started before it."""
+        self._last = None
+        self._inflight = None
+
+    async def check(self, conditions: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self._client.connected_count() == 0:
+            return 503, {
+                "ok": False,
+                "conditions": dict(conditions),
+                "error": "no engine is connected",
+                "engines": [],
+                "failing_engines": list(self._client.engine_labels),
+            }
+        return evaluate(conditions, await self.sample(), self._clock())

@@ -1,0 +1,236 @@
+"""Every poll interval: every fleet invariant (``is_sleeping``, ``is_scheduler_paused``,
+``get_weight_version``) on every engine, published as one immutable ``FleetSnapshot``. Polls
+never overlap; a slow or dead engine delays a poll by at most the call timeout, because all
+calls of a poll share one deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
+from exporter.fleetstate.history import FleetHistory
+from exporter.fleetstate.invariants import (
+    INVARIANTS,
+    SLEEPING,
+    Invariant,
+    is_unsupported,
+    require_type,
+)
+from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
+from exporter.metrics.stats import Stats
+
+log = logging.getLogger("exporter.poller")
+
+#: The inconsistency warning (every engine's value) is logged at most once per method this
+#: often; the polls in between are counted in the next line (and always in the metrics).
+INCONSISTENCY_LOG_INTERVAL_S = 60.0
+
+
+class Poller:
+    """Owns the latest snapshot; ``snapshot`` is what scrapes and /status read."""
+
+    def __init__(
+        self,
+        client: FleetClient,
+        stats: Stats,
+        *,
+        interval_s: float,
+        call_timeout_s: float,
+        jitter: float = 0.1,
+        wall_clock: Callable[[], float] = time.time,
+        log_interval_s: float = INCONSISTENCY_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._stats = stats
+        self.interval_s = interval_s
+        self.call_timeout_s = call_timeout_s
+        self.jitter = jitter
+        self._wall = wall_clock
+        self._clock = clock
+        self.log_interval_s = log_interval_s
+        #: method → when its inconsistency was last logged, and the polls not logged since.
+        self._warned_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
+        self._last_success: dict[str, float] = {}
+        #: method → {engine: its handshake count when it said it has no such method}.
+        self._unsupported: dict[str, dict[str, int]] = {}
+        self._snapshot: FleetSnapshot | None = None
+        #: The fleet's state over the last hour (the status page's timeline).
+        self.history = FleetHistory()
+        self._wake = asyncio.Event()
+        self._polled = asyncio.Condition()
+
+    @property
+    def snapshot(self) -> FleetSnapshot:
+        if self._snapshot is None:
+            client = self._client
+            return empty_snapshot(
+                client.engine_details(), len(client.engine_labels), client.connected_count()
+            )
+        return self._snapshot
+
+    def poll_soon(self) -> None:
+        """Cut the current wait short (an engine connected, a test wants a fresh poll)."""
+        self._wake.set()
+
+    async def wait_for_poll(self, after: int, timeout_s: float) -> FleetSnapshot:
+        """Wait until a poll numbered above ``after`` has been published."""
+        async with self._polled:
+            await asyncio.wait_for(
+                self._polled.wait_for(lambda: self.snapshot.poll_number > after), timeout_s
+            )
+        return self.snapshot
+
+    async def poll_once(self) -> FleetSnapshot:
+        """Run one poll of every invariant the attach mode supports and publish its snapshot.
+
+        All calls share one deadline (they run concurrently). An engine that answers that it
+        has no such method is unsupported for it from then on (until it handshakes again) and
+        is not asked again.
+        """
+        started = time.perf_counter()
+        client = self._client
+        details = {d.engine: d for d in client.engine_details()}
+        self._forget_restarted(details)
+        asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
+        calls = []
+        for inv in asked:
+            skip = self._unsupported.get(inv.method, {})
+            engines = [e for e in details if e not in skip] if skip else None
+            calls.append(
+                client.call_utility(inv.method, timeout_s=self.call_timeout_s, engines=engines)
+            )
+        results: dict[str, list[EngineOutcome]] = {}
+        for inv, outcomes in zip(asked, await asyncio.gather(*calls), strict=True):
+            results[inv.method] = self._supported(inv, outcomes, details)
+        duration = time.perf_counter() - started
+        snap = self._build(results, details, duration, self._wall())
+        self._publish(snap, results)
+        return snap
+
+    def _supported(
+        self, inv: Invariant, outcomes: list[EngineOutcome], details: dict[str, EngineDetail]
+    ) -> list[EngineOutcome]:
+        """Type-checked outcomes without the engines that turned out not to have the method."""
+        kept = []
+        for o in outcomes:
+            if is_unsupported(o) and o.engine in details:
+                self._unsupported.setdefault(inv.method, {})[o.engine] = details[
+                    o.engine
+                ].handshakes
+                log.info("engine %s does not support %s: not asked again", o.engine, inv.method)
+            else:
+                kept.append(o)
+        return require_type(inv, kept)
+
+    def _forget_restarted(self, details: dict[str, EngineDetail]) -> None:
+        """An engine that handshook again may run another vLLM: ask it everything again."""
+        for per_engine in self._unsupported.values():
+            for engine, handshakes in list(per_engine.items()):
+                detail = details.get(engine)
+                if detail is None or detail.handshakes != handshakes:
+                    del per_engine[engine]
+
+    def _build(
+        self,
+        results: dict[str, list[EngineOutcome]],
+        details: dict[str, EngineDetail],
+        duration: float,
+        now: float,
+    ) -> FleetSnapshot:
+        by_engine: dict[str, dict[str, EngineOutcome]] = {engine: {} for engine in details}
+        for method, outcomes in results.items():
+            for o in outcomes:
+                by_engine.setdefault(o.engine, {})[method] = o
+        engines = []
+        for engine, detail in details.items():
+            answers = by_engine[engine]
+            sleeping = answers.get(SLEEPING.method)
+            if sleeping is not None and sleeping.ok:
+                self._last_success[engine] = now
+            unsupported = frozenset(
+                m for m, per_engine in self._unsupported.items() if engine in per_engine
+            )
+            last_success = self._last_success.get(engine)
+            engines.append(EngineSnapshot(engine, detail, answers, last_success, unsupported))
+        verdicts = {}
+        for method, outcomes in results.items():
+            everywhere = set(self._unsupported.get(method, ())) >= set(details) and details
+            # Unsupported by every engine: unknown, without the "no results" error that an
+            # empty fleet gets.
+            verdicts[method] = (
+                ConsensusVerdict(method, FleetState.UNKNOWN)
+                if everywhere and not outcomes
+                else aggregate_consensus(method, outcomes)
+            )
+        previous = self._snapshot.poll_number if self._snapshot else 0
+        return FleetSnapshot(
+            taken_at_unix=now,
+            poll_duration_s=duration,
+            engines=tuple(engines),
+            verdicts=verdicts,
+            expected=len(details),
+            connected=self._client.connected_count(),
+            poll_number=previous + 1,
+        )
+
+    def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:
+        stats = self._stats  # the calls themselves are counted by the client (CountedFleet)
+        inconsistent = [v for v in snap.verdicts.values() if v.state is FleetState.INCONSISTENT]
+        stats.record_poll(v.method for v in inconsistent)
+        for verdict in inconsistent:
+            self._warn_inconsistent(verdict)
+        self.history.record(
+            snap.taken_at_unix,
+            {m: v.state.value for m, v in snap.verdicts.items()},
+            sum(1 for e in snap.engines if e.up),
+            snap.expected,
+        )
+        self._snapshot = snap
+
+    def _warn_inconsistent(self, verdict: ConsensusVerdict) -> None:
+        """One warning per method per ``log_interval_s``: a disagreement lasting for hours
+        would otherwise log every engine's value every poll."""
+        method, now = verdict.method, self._clock()
+        last = self._warned_at.get(method)
+        if last is not None and now - last < self.log_interval_s:
+            self._unlogged[method] = self._unlogged.get(method, 0) + 1
+            return
+        self._warned_at[method] = now
+        unlogged = self._unlogged.pop(method, 0)
+        more = f" ({unlogged} more inconsistent polls since last report)" if unlogged else ""
+        log.warning("%s%s", verdict.error, more)
+
+    async def _sleep_or_wake(self, delay: float) -> None:
+        """Wait ``delay`` seconds or until ``poll_soon``. Not ``asyncio.wait_for``: before
+        Python 3.12 it swallows a cancellation that races with the wake-up, and ``stop()``
+        then waited forever for a poller that kept running."""
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((waiter,), timeout=delay)
+        finally:
+            waiter.cancel()
+
+    async def run(self) -> None:
+        """Poll forever; each poll starts ``interval`` (± jitter) after the previous one ended,
+        or sooner when ``poll_soon`` is called (an engine came up or went down)."""
+        min_gap = min(0.2, self.interval_s / 10)
+        while True:
+            self._wake.clear()  # a poll_soon() during this poll schedules the next one early
+            try:
+                await self.poll_once()
+            except Exception:  # keep serving /metrics whatever one poll hit
+                log.exception("poll failed")
+            async with self._polled:
+                self._polled.notify_all()
+            spread = self.interval_s * self.jitter
+            delay = max(0.0, self.interval_s + random.uniform(-spread, spread))
+            await self._sleep_or_wake(delay)
+            await asyncio.sleep(min_gap)  # a flapping engine cannot make polls back to back

@@ -1,0 +1,70 @@
+"""The fleet invariants the exporter checks on every rank, as pure data and functions.
+
+Each is one read-only utility method with the strict consensus semantics of ``is_sleeping``
+(``exporter.fleetstate.aggregate.aggregate_consensus``). An engine whose vLLM lacks the method
+answers "no such attribute": that engine is *unsupported* for it, which is neither a failure nor an
+unknown value (the aggregate is taken over the engines that support it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.strings import bound_text
+
+#: What vLLM's dispatch answers for a method the engine does not have (docs/protocol.md C.3),
+#: and what the HTTP transport answers for a route the API server does not have.
+UNSUPPORTED_MARKERS = ("object has no attribute", "route not found on this server")
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_version(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+@dataclass(frozen=True, slots=True)
+class Invariant:
+    """A polled invariant: its utility method, its short key (status, gate) and value type."""
+
+    method: str
+    key: str
+    expected: str
+    valid: Callable[[Any], bool]
+
+
+SLEEPING = Invariant("is_sleeping", "sleeping", "a boolean", _is_bool)
+PAUSED = Invariant("is_scheduler_paused", "paused", "a boolean", _is_bool)
+WEIGHT_VERSION = Invariant("get_weight_version", "weight_version", "a string or null", _is_version)
+INVARIANTS: tuple[Invariant, ...] = (SLEEPING, PAUSED, WEIGHT_VERSION)
+BY_METHOD = {inv.method: inv for inv in INVARIANTS}
+BY_KEY = {inv.key: inv for inv in INVARIANTS}
+
+
+def is_unsupported(outcome: EngineOutcome) -> bool:
+    """The engine answered that it has no such method (an older vLLM)."""
+    return (
+        outcome.outcome is Outcome.FAILED
+        and outcome.error is not None
+        and any(marker in outcome.error for marker in UNSUPPORTED_MARKERS)
+    )
+
+
+def require_type(invariant: Invariant, outcomes: Iterable[EngineOutcome]) -> list[EngineOutcome]:
+    """OK outcomes whose value is not of the invariant's type become FAILED ones."""
+    checked = []
+    for o in outcomes:
+        if o.outcome is Outcome.OK and not invariant.valid(o.value):
+            o = EngineOutcome(
+                o.engine,
+                Outcome.FAILED,
+                error=bound_text(f"expected {invariant.expected}, got {o.value!r}"),
+                duration_s=o.duration_s,
+            )
+        checked.append(o)
+    return checked

@@ -1,0 +1,120 @@
+"""Immutable fleet snapshots: what one poll learned, published whole for scrapes and /status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.client.fleet import EngineDetail, EngineOutcome
+from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
+from exporter.fleetstate.invariants import INVARIANTS, PAUSED, SLEEPING, WEIGHT_VERSION, Invariant
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    engine: str
+    detail: EngineDetail
+    #: method → this engine's outcome in the poll (absent: not asked, or unsupported).
+    outcomes: Mapping[str, EngineOutcome]
+    last_success_unix: float | None
+    #: Invariant methods this engine's vLLM does not have.
+    unsupported: frozenset[str] = frozenset()
+
+    @property
+    def sleeping_outcome(self) -> EngineOutcome | None:
+        return self.outcomes.get(SLEEPING.method)
+
+    @property
+    def paused_outcome(self) -> EngineOutcome | None:
+        return self.outcomes.get(PAUSED.method)
+
+    @property
+    def up(self) -> bool:
+        o = self.sleeping_outcome
+        return o is not None and o.ok
+
+    def value(self, invariant: Invariant) -> Any:
+        """This engine's answer for ``invariant`` (None while unknown; see ``known``)."""
+        o = self.outcomes.get(invariant.method)
+        return o.value if o is not None and o.ok and invariant.valid(o.value) else None
+
+    def known(self, invariant: Invariant) -> bool:
+        o = self.outcomes.get(invariant.method)
+        return o is not None and o.ok and invariant.valid(o.value)
+
+    @property
+    def sleeping(self) -> bool | None:
+        return self.value(SLEEPING) if self.known(SLEEPING) else None
+
+    @property
+    def paused(self) -> bool | None:
+        if not self.up or not self.known(PAUSED):
+            return None
+        return bool(self.value(PAUSED))
+
+    @property
+    def weight_version(self) -> str | None:
+        return self.value(WEIGHT_VERSION) if self.up else None
+
+    @property
+    def state(self) -> str:
+        """awake | asleep | paused | unknown (vLLM's is_sleeping is also true while paused)."""
+        if self.sleeping is None:
+            return "unknown"
+        if self.paused:
+            return "paused"
+        return "asleep" if self.sleeping else "awake"
+
+
+def _unknown(method: str) -> ConsensusVerdict:
+    return ConsensusVerdict(method, FleetState.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    taken_at_unix: float
+    poll_duration_s: float
+    engines: tuple[EngineSnapshot, ...]
+    #: method → the fleet's verdict for that invariant.
+    verdicts: Mapping[str, ConsensusVerdict]
+    expected: int
+    connected: int
+    poll_number: int
+
+    def verdict(self, invariant: Invariant) -> ConsensusVerdict:
+        return self.verdicts.get(invariant.method) or _unknown(invariant.method)
+
+    @property
+    def sleeping(self) -> ConsensusVerdict:
+        return self.verdict(SLEEPING)
+
+    @property
+    def paused(self) -> ConsensusVerdict:
+        return self.verdict(PAUSED)
+
+    @property
+    def weight_version(self) -> ConsensusVerdict:
+        return self.verdict(WEIGHT_VERSION)
+
+    @property
+    def ready(self) -> bool:
+        """Every expected engine finished its handshake and answered the last poll."""
+        return (
+            bool(self.engines)
+            and self.connected == self.expected
+            and all(e.up for e in self.engines)
+        )
+
+
+def empty_snapshot(details: list[EngineDetail], expected: int, connected: int) -> FleetSnapshot:
+    """The snapshot before the first poll: every engine unknown."""
+    return FleetSnapshot(
+        taken_at_unix=0.0,
+        poll_duration_s=0.0,
+        engines=tuple(EngineSnapshot(d.engine, d, {}, None) for d in details),
+        verdicts={inv.method: _unknown(inv.method) for inv in INVARIANTS},
+        expected=expected,
+        connected=connected,
+        poll_number=0,
+    )

@@ -1,0 +1,275 @@
+"""The one list of every metric the exporter publishes.
+
+The collector, the docs test, the dashboard test and the alert-rule test all read this list,
+so a metric cannot be renamed in one place and forgotten in another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "vllm_dp_"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Name (as scraped, counters with their ``_total``), type, labels and user-facing help."""
+
+    name: str
+    kind: str  # "gauge" | "counter" | "histogram"
+    labels: tuple[str, ...]
+    help: str
+    modes: tuple[str, ...] = ("owner", "relay", "http")
+
+    @property
+    def family(self) -> str:
+        """The family name prometheus_client uses (counters without ``_total``)."""
+        if self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
+FLEET_STATES = ("consistent", "inconsistent", "unknown")
+CALL_OUTCOMES = ("ok", "failed", "timeout", "disconnected", "inconsistent")
+RESET_OUTCOMES = ("success", "partial_failure", "failure")
+RESET_FAILURE_REASONS = ("refused", "failed", "timeout", "disconnected")
+#: Every admin action (exporter.actions, the prefix-cache reset, the weight verification).
+ADMIN_ACTIONS = (
+    "reset_prefix_cache",
+    "sleep",
+    "wake_up",
+    "pause",
+    "resume",
+    "weight_version",
+    "reset_mm_cache",
+    "reset_encoder_cache",
+    "verify_weights",
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "vllm_dp_engine_up",
+        "gauge",
+        ("engine",),
+        "1 when the engine answered its last utility call, 0 when that call failed, "
+        "timed out or the engine is disconnected.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_sleeping",
+        "gauge",
+        ("engine",),
+        "The engine's last is_sleeping answer (1 asleep or paused, 0 awake); "
+        "absent while the engine's state is unknown.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_paused",
+        "gauge",
+        ("engine",),
+        "The engine's last is_scheduler_paused answer (1/0); absent while unknown or "
+        "when the engine's vLLM version does not support it.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_state",
+        "gauge",
+        ("engine", "state"),
+        "1 for the engine's current state (awake, asleep, paused, unknown), 0 for the "
+        "others: one series per state, for timelines.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_last_success_timestamp_seconds",
+        "gauge",
+        ("engine",),
+        "Unix time of the engine's last successful is_sleeping answer.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_info",
+        "gauge",
+        ("engine", "vllm_version", "enable_sleep_mode"),
+        "Always 1; labels from the engine's start-up registration message.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_weight_version_info",
+        "gauge",
+        ("engine", "weight_version"),
+        "Always 1; the engine's last get_weight_version answer as a label (empty when never "
+        "set); absent while unknown or unsupported by the engine's vLLM version.",
+    ),
+    MetricSpec(
+        "vllm_dp_weight_version_consistent",
+        "gauge",
+        (),
+        "1 when every engine reports the same weight version, 0 when they disagree; absent "
+        "while unknown.",
+    ),
+    MetricSpec(
+        "vllm_dp_sleeping",
+        "gauge",
+        (),
+        "Aggregated is_sleeping of the whole DP group (1/0); absent while the engines "
+        "disagree or some engine's state is unknown.",
+    ),
+    MetricSpec(
+        "vllm_dp_sleep_state_consistent",
+        "gauge",
+        (),
+        "1 when every engine gave the same is_sleeping answer, 0 when they disagree; "
+        "absent while unknown.",
+    ),
+    MetricSpec(
+        "vllm_dp_fleet_state",
+        "gauge",
+        ("state",),
+        "1 for the fleet's current verdict (consistent, inconsistent, unknown), 0 for the others.",
+    ),
+    MetricSpec(
+        "vllm_dp_inconsistent_utility_results_total",
+        "counter",
+        ("method",),
+        "Polls (aggregated calls) in which the engines that answered disagreed.",
+    ),
+    MetricSpec(
+        "vllm_dp_utility_calls_total",
+        "counter",
+        ("method", "engine", "outcome"),
+        "Utility calls sent to one engine, by outcome (ok, failed, timeout, "
+        "disconnected; inconsistent for an HTTP target whose own engines disagree).",
+    ),
+    MetricSpec(
+        "vllm_dp_utility_call_duration_seconds",
+        "histogram",
+        ("method",),
+        "Round trip of one engine's utility call, in seconds.",
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_resets_total",
+        "counter",
+        ("outcome",),
+        "Admin prefix-cache resets, by outcome: success (every engine confirmed), "
+        "partial_failure (some did not), failure (none did or no engine connected).",
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_reset_engine_failures_total",
+        "counter",
+        ("engine", "reason"),
+        "Engines that did not confirm a prefix-cache reset, by reason (refused, "
+        "failed, timeout, disconnected).",
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_reset_duration_seconds",
+        "histogram",
+        (),
+        "End-to-end duration of an admin prefix-cache reset across all engines.",
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_last_success_timestamp_seconds",
+        "gauge",
+        (),
+        "Unix time of the last prefix-cache reset that every engine confirmed.",
+    ),
+    MetricSpec(
+        "vllm_dp_admin_actions_total",
+        "counter",
+        ("action", "outcome"),
+        "Completed admin actions (sleep, wake_up, pause, resume, weight_version, cache resets, "
+        "verify_weights), by outcome: success (every engine confirmed and, where readable, "
+        "shows the state), partial_failure, failure.",
+    ),
+    MetricSpec(
+        "vllm_dp_admin_action_engine_failures_total",
+        "counter",
+        ("action", "engine", "reason"),
+        "Engines that did not confirm an admin action, by reason (refused, failed, timeout, "
+        "disconnected, unsupported, unverified: accepted but the state read back differs).",
+    ),
+    MetricSpec(
+        "vllm_dp_weight_checksum_mismatches",
+        "gauge",
+        ("engine",),
+        "Parameters whose weight checksum differs from the majority of DP ranks, in the last "
+        "verify_weights; absent before the first.",
+    ),
+    MetricSpec(
+        "vllm_dp_engines_expected",
+        "gauge",
+        (),
+        "Number of engines (or HTTP targets) the exporter is configured to watch.",
+    ),
+    MetricSpec(
+        "vllm_dp_engines_connected",
+        "gauge",
+        (),
+        "Number of engines that completed the start-up handshake and registration.",
+    ),
+    MetricSpec(
+        "vllm_dp_protocol_errors_total",
+        "counter",
+        ("kind",),
+        "Frames or peers the exporter rejected (malformed frames, unknown identities, "
+        "unknown call ids, duplicate HELLO, ...).",
+    ),
+    MetricSpec(
+        "vllm_dp_task_failures_total",
+        "counter",
+        ("task",),
+        "Background tasks (handshake loop, poller, readers, ...) that raised unexpectedly; "
+        "each was logged and restarted.",
+    ),
+    MetricSpec(
+        "vllm_dp_http_bad_requests_total",
+        "counter",
+        ("listener",),
+        "Malformed HTTP requests (bad request line, header or version) answered 400 before any "
+        "route ran, by listener (metrics, admin); logged at most once a minute per listener.",
+    ),
+    MetricSpec(
+        "vllm_dp_poll_duration_seconds",
+        "gauge",
+        (),
+        "How long the last poll of every engine took, in seconds.",
+    ),
+    MetricSpec(
+        "vllm_dp_last_poll_timestamp_seconds",
+        "gauge",
+        (),
+        "Unix time at which the last poll finished.",
+    ),
+    MetricSpec(
+        "vllm_dp_polls_total", "counter", (), "Polls the exporter has run since it started."
+    ),
+    MetricSpec(
+        "vllm_dp_admin_requests_total",
+        "counter",
+        ("action", "code"),
+        "Requests to the admin listener, by action and HTTP status code.",
+    ),
+    MetricSpec(
+        "vllm_dp_relay_handshakes_total",
+        "counter",
+        ("result",),
+        "Engine handshakes relayed to the upstream front end, by result.",
+        modes=("relay",),
+    ),
+    MetricSpec(
+        "vllm_dp_state_file_writes_total",
+        "counter",
+        ("outcome",),
+        "Writes of the --state-file, by outcome (ok, failed: logged once per reason); a restarted "
+        "exporter finds its engines only in the last written file. 0 without --state-file.",
+        modes=("owner", "relay"),
+    ),
+    MetricSpec(
+        "vllm_dp_exporter_build_info", "gauge", ("version",), "Always 1; the exporter's version."
+    ),
+)
+
+BY_NAME = {spec.name: spec for spec in METRICS}
+
+
+def sample_names(spec: MetricSpec) -> tuple[str, ...]:
+    """Every sample name a family produces in the text format."""
+    if spec.kind == "histogram":
+        return (f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count")
+    if spec.kind == "counter":
+        return (spec.name, f"{spec.family}_created")
+    return (spec.name,)

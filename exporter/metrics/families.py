@@ -1,0 +1,242 @@
+"""What the exporter publishes, computed once per scrape from one snapshot plus the counters.
+
+``build_families`` is the one place that decides every series and value: it returns plain rows
+(label values, value) per catalog family. Two serializers read those rows: ``ExporterCollector``, a
+prometheus_client custom ``Collector`` (each app and test registers it in its own
+``CollectorRegistry``; OpenMetrics goes through it), and
+``exporter.metrics.exposition.render_text``, a lean Prometheus text encoder for the hot ``/metrics``
+path, kept byte-identical to prometheus_client's ``generate_latest`` by a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from exporter import __version__
+from exporter.base.faults import ProtocolErrorTally
+from exporter.fleetstate.aggregate import FleetState
+from exporter.fleetstate.invariants import WEIGHT_VERSION
+from exporter.fleetstate.snapshot import FleetSnapshot
+from exporter.metrics.catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
+from exporter.metrics.stats import Stats, histogram_rows
+
+Labels = tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Family:
+    """One catalog family's rows; ``labels`` include ``model_name`` when configured."""
+
+    spec: MetricSpec
+    labels: tuple[str, ...]
+    rows: list[tuple[Labels, float]] = field(default_factory=list)
+    #: Histograms: (label values, cumulative (le, count) pairs ending with +Inf, sum).
+    histograms: list[tuple[Labels, list[tuple[str, float]], float]] = field(default_factory=list)
+
+
+class _Builder:
+    """Appends the optional ``model_name`` label value to every row."""
+
+    def __init__(self, model_name: str | None) -> None:
+        self.extra_names: Labels = ("model_name",) if model_name else ()
+        self.extra_values: Labels = (model_name,) if model_name else ()
+        self.families: list[Family] = []
+
+    def family(self, name: str) -> Family:
+        spec = BY_NAME[name]
+        fam = Family(spec, (*spec.labels, *self.extra_names))
+        self.families.append(fam)
+        return fam
+
+    def add(self, fam: Family, labels: Labels, value: float) -> None:
+        fam.rows.append(((*labels, *self.extra_values), value))
+
+    def counter(self, name: str, rows: Mapping[Any, int]) -> None:
+        """``rows`` maps label-value tuples to counts."""
+        fam = self.family(name)
+        for labels, value in sorted(rows.items()):
+            self.add(fam, labels, float(value))
+
+    def histograms(self, name: str, hist: Histogram) -> None:
+        fam = self.family(name)
+        for labels, buckets, total in histogram_rows(hist):
+            fam.histograms.append(((*labels, *self.extra_values), buckets, total))
+
+
+def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
+    return {(key,): value for key, value in counts.items()}
+
+
+def build_families(
+    snap: FleetSnapshot,
+    stats: Stats,
+    errors: ProtocolErrorTally,
+    *,
+    model_name: str | None = None,
+    include_relay: bool = False,
+) -> list[Family]:
+    """Every series the exporter publishes right now, in exposition order."""
+    b = _Builder(model_name)
+    _engine_rows(b, snap)
+    _fleet_rows(b, snap)
+    _counter_rows(b, stats, errors, include_relay)
+    return b.families
+
+
+def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    up = b.family("vllm_dp_engine_up")
+    sleeping = b.family("vllm_dp_engine_sleeping")
+    paused = b.family("vllm_dp_engine_paused")
+    state = b.family("vllm_dp_engine_state")
+    last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
+    info = b.family("vllm_dp_engine_info")
+    weights = b.family("vllm_dp_engine_weight_version_info")
+    for e in snap.engines:
+        engine = (e.engine,)
+        b.add(up, engine, 1.0 if e.up else 0.0)
+        if e.sleeping is not None:
+            b.add(sleeping, engine, float(e.sleeping))
+        if e.paused is not None:
+            b.add(paused, engine, float(e.paused))
+        current = e.state
+        for s in ENGINE_STATES:
+            b.add(state, (e.engine, s), 1.0 if s == current else 0.0)
+        if e.last_success_unix is not None:
+            b.add(last_ok, engine, e.last_success_unix)
+        d = e.detail
+        if d.vllm_version is not None or d.enable_sleep_mode is not None:
+            mode = "" if d.enable_sleep_mode is None else str(d.enable_sleep_mode).lower()
+            b.add(info, (e.engine, d.vllm_version or "", mode), 1.0)
+        if e.known(WEIGHT_VERSION) and e.up:
+            b.add(weights, (e.engine, e.weight_version or ""), 1.0)
+
+
+def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    verdict = snap.sleeping
+    sleeping = b.family("vllm_dp_sleeping")
+    consistent = b.family("vllm_dp_sleep_state_consistent")
+    if verdict.state is FleetState.CONSISTENT:
+        b.add(sleeping, (), float(bool(verdict.value)))
+        b.add(consistent, (), 1.0)
+    elif verdict.state is FleetState.INCONSISTENT:
+        b.add(consistent, (), 0.0)
+    weights = b.family("vllm_dp_weight_version_consistent")
+    state = snap.weight_version.state
+    if state is not FleetState.UNKNOWN:
+        b.add(weights, (), 1.0 if state is FleetState.CONSISTENT else 0.0)
+    fleet = b.family("vllm_dp_fleet_state")
+    for s in FLEET_STATES:
+        b.add(fleet, (s,), 1.0 if s == verdict.state.value else 0.0)
+    b.add(b.family("vllm_dp_engines_expected"), (), float(snap.expected))
+    b.add(b.family("vllm_dp_engines_connected"), (), float(snap.connected))
+    duration = b.family("vllm_dp_poll_duration_seconds")
+    last_poll = b.family("vllm_dp_last_poll_timestamp_seconds")
+    if snap.poll_number:
+        b.add(duration, (), snap.poll_duration_s)
+        b.add(last_poll, (), snap.taken_at_unix)
+    b.add(b.family("vllm_dp_exporter_build_info"), (__version__,), 1.0)
+
+
+def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_relay: bool) -> None:
+    b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
+    b.counter("vllm_dp_utility_calls_total", st.utility_calls)
+    b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
+    b.counter("vllm_dp_prefix_cache_resets_total", _single(st.resets))
+    b.counter("vllm_dp_prefix_cache_reset_engine_failures_total", st.reset_engine_failures)
+    b.histograms("vllm_dp_prefix_cache_reset_duration_seconds", st.reset_durations)
+    last_reset = b.family("vllm_dp_prefix_cache_last_success_timestamp_seconds")
+    if st.last_reset_success_unix is not None:
+        b.add(last_reset, (), st.last_reset_success_unix)
+    b.counter("vllm_dp_admin_actions_total", st.admin_actions)
+    b.counter("vllm_dp_admin_action_engine_failures_total", st.admin_action_failures)
+    mismatches = b.family("vllm_dp_weight_checksum_mismatches")
+    for engine, count in sorted(st.weight_checksum_mismatches.items()):
+        b.add(mismatches, (engine,), float(count))
+    b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
+    b.counter("vllm_dp_task_failures_total", _single(errors.task_failures))
+    b.counter("vllm_dp_http_bad_requests_total", _single(errors.http_bad_requests))
+    b.counter("vllm_dp_polls_total", {(): st.polls})
+    b.counter("vllm_dp_admin_requests_total", st.admin_requests)
+    if include_relay:
+        b.counter("vllm_dp_relay_handshakes_total", _single(st.relay_handshakes))
+    if st.state_file_writes:  # owner and relay mode (their transports preset it)
+        b.counter("vllm_dp_state_file_writes_total", _single(st.state_file_writes))
+
+
+class ExporterCollector(Collector):
+    """The prometheus_client view of ``build_families`` (OpenMetrics, registries, tests)."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], FleetSnapshot],
+        stats: Stats,
+        protocol_errors: ProtocolErrorTally,
+        *,
+        model_name: str | None = None,
+        include_relay: bool = False,
+    ) -> None:
+        self._snapshot = snapshot
+        self._stats = stats
+        self._errors = protocol_errors
+        self._model_name = model_name
+        self._include_relay = include_relay
+
+    def families(self) -> list[Family]:
+        return build_families(
+            self._snapshot(),
+            self._stats,
+            self._errors,
+            model_name=self._model_name,
+            include_relay=self._include_relay,
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.families():
+            yield _to_metric(fam)
+
+
+def _to_metric(fam: Family) -> Metric:
+    spec, labels = fam.spec, list(fam.labels)
+    metric: GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+    if spec.kind == "histogram":
+        metric = HistogramMetricFamily(spec.name, spec.help, labels=labels)
+        for values, buckets, total in fam.histograms:
+            metric.add_metric(list(values), buckets, total)
+        return metric
+    if spec.kind == "counter":
+        metric = CounterMetricFamily(spec.family, spec.help, labels=labels)
+    else:
+        metric = GaugeMetricFamily(spec.name, spec.help, labels=labels)
+    for values, value in fam.rows:
+        metric.add_metric(list(values), value)
+    return metric
+
+
+def build_registry(*collectors: Collector) -> CollectorRegistry:
+    """A fresh registry holding only ``collectors`` (never the global default registry)."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+def self_collectors() -> list[Collector]:
+    """The exporter's own ``process_*`` and ``python_*`` series (memory, CPU, file
+    descriptors, garbage collection), created unregistered for this exporter's registries."""
+    return [
+        ProcessCollector(registry=None),
+        PlatformCollector(registry=None),
+        # GCCollector always registers itself somewhere: a scratch registry, dropped here.
+        GCCollector(registry=CollectorRegistry(auto_describe=False)),
+    ]

@@ -1,0 +1,197 @@
+"""Counters and histograms the poller and admin code increment (plain data, no globals).
+
+The collector renders these at scrape time; a scrape never changes them, so several Prometheus
+replicas scraping one exporter see the same numbers. Every change goes through a method here
+that bumps ``generation``: the render cache is keyed on it, so a scrape never serves a body
+older than the counters it shows.
+
+Histograms are prometheus_client's own, created per ``Stats`` with ``registry=None`` (no
+global metric objects); ``histogram_rows`` reads them back through their public ``collect()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Histogram
+
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.metrics.catalog import (
+    ADMIN_ACTIONS,
+    BY_NAME,
+    RESET_FAILURE_REASONS,
+    RESET_OUTCOMES,
+)
+
+CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: (label values without ``le``, cumulative (le, count) pairs ending with +Inf, sum).
+HistogramRow = tuple[tuple[str, ...], list[tuple[str, float]], float]
+
+
+def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
+    spec = BY_NAME[name]
+    return Histogram(name, spec.help, labelnames=spec.labels, buckets=buckets, registry=None)
+
+
+def histogram_rows(hist: Histogram) -> list[HistogramRow]:
+    """Every labelled child of ``hist`` as plain rows, in label order."""
+    buckets: dict[tuple[str, ...], list[tuple[str, float]]] = defaultdict(list)
+    sums: dict[tuple[str, ...], float] = {}
+    for metric in hist.collect():
+        for sample in metric.samples:
+            labels = tuple(v for k, v in sample.labels.items() if k != "le")
+            if sample.name.endswith("_bucket"):
+                buckets[labels].append((sample.labels["le"], sample.value))
+            elif sample.name.endswith("_sum"):
+                sums[labels] = sample.value
+    return [(labels, buckets[labels], sums.get(labels, 0.0)) for labels in sorted(buckets)]
+
+
+@dataclass(frozen=True, slots=True)
+class LastAction:
+    """The last admin action that ran (whatever its outcome), for /status and the page."""
+
+    action: str
+    unix: float
+    #: The HTTP status it was answered with (200, 502, 503 ...).
+    status: int
+    outcome: str
+    #: (engine, ok, reason, error) per engine called.
+    engines: tuple[tuple[str, bool, str | None, str | None], ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def from_body(
+        cls, action: str, status: int, body: Mapping[str, Any], unix: float
+    ) -> LastAction:
+        """From the admin answer's body (``reset_body`` / ``verdict_body`` shapes)."""
+        engines = tuple(
+            (str(e.get("engine")), bool(e.get("ok")), e.get("reason"), e.get("error"))
+            for e in body.get("engines", [])
+            if isinstance(e, Mapping)
+        )
+        params = body.get("params", body.get("flags", {}))
+        duration = body.get("duration_s")
+        return cls(
+            action,
+            unix,
+            status,
+            str(body.get("outcome", "failure")),
+            engines,
+            dict(params) if isinstance(params, Mapping) else {},
+            str(body["error"]) if body.get("error") else None,
+            float(duration) if isinstance(duration, (int, float)) else None,
+        )
+
+
+@dataclass
+class Stats:
+    """Every counter the exporter keeps, keyed by label tuples."""
+
+    utility_calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    call_durations: Histogram = field(
+        default_factory=lambda: _histogram("vllm_dp_utility_call_duration_seconds", CALL_BUCKETS)
+    )
+    inconsistent_results: Counter[str] = field(default_factory=Counter)
+    resets: Counter[str] = field(default_factory=Counter)
+    reset_engine_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    reset_durations: Histogram = field(
+        default_factory=lambda: _histogram(
+            "vllm_dp_prefix_cache_reset_duration_seconds", RESET_BUCKETS
+        )
+    )
+    last_reset_success_unix: float | None = None
+    admin_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: (action, outcome) and (action, engine, reason) of every completed admin action.
+    admin_actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    admin_action_failures: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: engine → mismatching parameters in the last weight verification.
+    weight_checksum_mismatches: dict[str, int] = field(default_factory=dict)
+    last_weight_verification_unix: float | None = None
+    #: Incremented by the relay transport itself (it knows nothing of ``Stats``).
+    relay_handshakes: Counter[str] = field(default_factory=Counter)
+    #: Outcome → state-file writes, incremented by the ZMQ transports (preset there).
+    state_file_writes: Counter[str] = field(default_factory=Counter)
+    polls: int = 0
+    generation: int = 0
+    #: When these counters started (the process's start, in practice).
+    started_unix: float = field(default_factory=time.time)
+    last_action: LastAction | None = None
+
+    def preset(self, engines: Iterable[str]) -> None:
+        """Start the outcome series at 0 so that ``increase()`` sees their first event."""
+        for method in ("is_sleeping", "is_scheduler_paused", "get_weight_version"):
+            self.inconsistent_results[method] += 0
+        for outcome in RESET_OUTCOMES:
+            self.resets[outcome] += 0
+            for action in ADMIN_ACTIONS:
+                self.admin_actions[(action, outcome)] += 0
+        for engine in engines:
+            for reason in RESET_FAILURE_REASONS:
+                self.reset_engine_failures[(engine, reason)] += 0
+        self.generation += 1
+
+    def record_calls(self, method: str, outcomes: Iterable[EngineOutcome]) -> None:
+        hist = self.call_durations.labels(method)
+        for o in outcomes:
+            self.utility_calls[(method, o.engine, o.outcome.value)] += 1
+            # Only real round trips: a timeout or a refused send measured nothing.
+            if o.duration_s is not None and o.outcome in (Outcome.OK, Outcome.FAILED):
+                hist.observe(o.duration_s)
+        self.generation += 1
+
+    def record_poll(self, inconsistent_methods: Iterable[str]) -> None:
+        self.polls += 1
+        for method in inconsistent_methods:
+            self.inconsistent_results[method] += 1
+        self.generation += 1
+
+    def record_reset(
+        self,
+        outcome: str,
+        failures: Iterable[tuple[str, str]] = (),
+        duration_s: float | None = None,
+        success_unix: float | None = None,
+    ) -> None:
+        """One admin reset: its outcome, (engine, reason) per failed engine, its duration."""
+        self.resets[outcome] += 1
+        for failure in failures:
+            self.reset_engine_failures[failure] += 1
+        if duration_s is not None:
+            self.reset_durations.observe(duration_s)
+        if success_unix is not None:
+            self.last_reset_success_unix = success_unix
+        self.generation += 1
+
+    def record_action(
+        self, action: str, outcome: str, failures: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """One completed admin action: its outcome and (engine, reason) per failed engine."""
+        self.admin_actions[(action, outcome)] += 1
+        for engine, reason in failures:
+            self.admin_action_failures[(action, engine, reason)] += 1
+        self.generation += 1
+
+    def record_weight_verification(self, mismatches: dict[str, int], unix: float) -> None:
+        self.weight_checksum_mismatches = dict(mismatches)
+        self.last_weight_verification_unix = unix
+        self.generation += 1
+
+    def record_admin_request(self, action: str, status: int) -> None:
+        self.admin_requests[(action, str(status))] += 1
+        self.generation += 1
+
+    def record_last_action(
+        self, action: str, status: int, body: Mapping[str, Any], unix: float | None = None
+    ) -> None:
+        """The admin action that just ran, as its answer's body says (shown by /status)."""
+        self.last_action = LastAction.from_body(action, status, body, unix or time.time())
+        self.generation += 1

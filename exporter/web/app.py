@@ -1,0 +1,156 @@
+"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, /readyz, /status and ``/``.
+
+Background work (the attach client, the poller, the admin listener) lives in ``cleanup_ctx``, so
+a test can start and stop the whole service in-process with aiohttp's own runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+from aiohttp import web
+
+from exporter.config.settings import ServeConfig
+from exporter.control.gate import GateRequestError, parse_conditions
+from exporter.control.runtime import Exporter
+from exporter.error import ExporterError
+from exporter.metrics.negotiation import VARY, wants_gzip
+from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
+from exporter.web.basicauth import protect
+from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
+from exporter.web.statusdoc import status_json as status_json  # re-exported (older imports)
+from exporter.web.statuspage import HEADERS as PAGE_HEADERS
+from exporter.web.statuspage import render_page
+
+log = logging.getLogger("exporter.server")
+
+EXPORTER_KEY = web.AppKey("exporter", Exporter)
+ADMIN_URL_KEY = web.AppKey("admin_url", str)
+MAX_REQUEST_BYTES = 16 * 1024
+
+
+class StartupError(ExporterError):
+    """The service could not start: a socket could not be bound (the message names it)."""
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Text format or OpenMetrics, gzip or not (``exporter.metrics.negotiation``); never a 406."""
+    exporter = request.app[EXPORTER_KEY]
+    use_gzip = wants_gzip(request.headers.get("Accept-Encoding", ""))
+    body, content_type = exporter.render_metrics(request.headers.get("Accept", ""), use_gzip)
+    headers = {"Content-Type": content_type, "Vary": VARY}
+    if use_gzip:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+async def gate(request: web.Request) -> web.Response:
+    """The safe-to-resume gate (``exporter.control.gate``): JSON in every case."""
+    exporter = request.app[EXPORTER_KEY]
+    try:
+        conditions = parse_conditions({k: request.query.getall(k) for k in request.query})
+    except GateRequestError as exc:
+        return web.json_response({"ok": False, "error": str(exc)}, status=400)
+    status, body = await exporter.gate.check(conditions)
+    return web.json_response(body, status=status, headers={"Cache-Control": "no-store"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    snap = request.app[EXPORTER_KEY].poller.snapshot
+    body = {
+        "ready": snap.ready,
+        "engines_expected": snap.expected,
+        "engines_connected": snap.connected,
+        "last_poll": snap.poll_number,
+    }
+    return web.json_response(body, status=200 if snap.ready else 503)
+
+
+def _status_doc(exporter: Exporter) -> dict[str, Any]:
+    poller = exporter.poller
+    return status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
+
+
+async def status(request: web.Request) -> web.Response:
+    """The fleet as JSON (``exporter.web.statusdoc``; schema: docs/status.schema.json)."""
+    doc = _status_doc(request.app[EXPORTER_KEY])
+    return web.json_response(doc, headers={"Cache-Control": "no-store"})
+
+
+async def index(request: web.Request) -> web.Response:
+    """The incident view (``exporter.web.statuspage``), from the same document as /status."""
+    return web.Response(
+        text=render_page(_status_doc(request.app[EXPORTER_KEY])),
+        content_type="text/html",
+        headers=PAGE_HEADERS,
+    )
+
+
+def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.Application:
+    """The main application; its cleanup context runs the exporter and the admin listener."""
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app[EXPORTER_KEY] = exporter = exporter if exporter is not None else Exporter(config)
+    app[BAD_REQUESTS_KEY] = exporter.errors.http_listener("metrics")
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", status)
+    app.router.add_get("/gate", gate)
+    app.router.add_get("/", index)
+    # --web-config-file: basic auth on every path but /healthz and /readyz (TLS: the site's).
+    protect(app, config.web)
+    app.cleanup_ctx.append(_run_exporter)
+    app.cleanup_ctx.append(_run_admin_listener)
+    return app
+
+
+async def _run_exporter(app: web.Application) -> AsyncIterator[None]:
+    exporter = app[EXPORTER_KEY]
+    try:
+        await exporter.start()
+    except BaseException as exc:
+        # Close what did start (sockets bound before the failing one) before reporting.
+        with contextlib.suppress(Exception):
+            await exporter.stop()
+        if isinstance(exc, zmq.ZMQError):
+            raise StartupError(
+                f"cannot open the engine-facing sockets: {exc} (see --handshake-address, "
+                "--advertise-host, --bind-host, --fixed-base-port)"
+            ) from None
+        raise
+    yield
+    await exporter.stop()
+
+
+async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
+    exporter = app[EXPORTER_KEY]
+    where = exporter.config.admin_host_port
+    if where is None:
+        yield
+        return
+    admin_app = create_admin_app(exporter)
+    runner = guarded_runner(admin_app, access_log=None, handler_cancellation=False)
+    await runner.setup()
+    web_config = exporter.config.web
+    tls = web_config.ssl_context if web_config is not None else None
+    site = web.TCPSite(runner, where[0], where[1], ssl_context=tls)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartupError(
+            f"--admin-listen {exporter.config.admin_listen}: {exc.strerror or exc}"
+        ) from None
+    port = runner.addresses[0][1] if runner.addresses else where[1]
+    app[ADMIN_URL_KEY] = f"{'https' if tls else 'http'}://{where[0]}:{port}"
+    yield
+    await admin_app[ADMIN_SHUTDOWN_KEY]()
+    await runner.cleanup()

@@ -1,0 +1,199 @@
+"""The ``GET /status`` document (schema ``docs/status.schema.json``, explained in docs/status.md).
+
+Pure: a snapshot, the counters, the history ring and a clock reading in, one JSON-ready dict
+out. Every invariant has the same shape in ``aggregate`` and in each engine's ``invariants``;
+``schema_version`` changes only when a key is removed or changes meaning (new keys may appear
+at any time). The keys ``consistent`` and ``is_scheduler_paused`` at the top level and
+``outcome`` / ``value`` / ``paused`` / ``error`` / ``values`` / ``weight_version`` per engine
+are the pre-schema layout, kept for older scripts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from exporter import __version__
+from exporter.client.fleet import Outcome
+from exporter.config.settings import ServeConfig
+from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
+from exporter.fleetstate.history import FleetHistory
+from exporter.fleetstate.invariants import INVARIANTS, Invariant
+from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
+from exporter.metrics.stats import LastAction, Stats
+
+SCHEMA_VERSION = 1
+OUTCOMES = ("success", "partial_failure", "failure")
+
+
+def verdict_json(
+    verdict: ConsensusVerdict, supported: bool = True, unsupported: list[str] | None = None
+) -> dict[str, Any]:
+    consistent = {FleetState.CONSISTENT: True, FleetState.INCONSISTENT: False}.get(verdict.state)
+    error = verdict.error
+    by_engine = None
+    if error is not None and error.engines is not None and error.values:
+        by_engine = dict(zip(error.engines, error.values, strict=False))
+    return {
+        "state": verdict.state.value,
+        "value": verdict.value if verdict.state is FleetState.CONSISTENT else None,
+        "consistent": consistent,
+        "supported": supported,
+        "error": str(error) if error else None,
+        "values": error.values if error else None,
+        "by_engine": by_engine,
+        "missing": list(verdict.missing),
+        "unsupported": unsupported or [],
+    }
+
+
+def invariant_json(e: EngineSnapshot, inv: Invariant) -> dict[str, Any]:
+    """One engine's answer for one invariant (``outcome`` null: not asked)."""
+    o = e.outcomes.get(inv.method)
+    if inv.method in e.unsupported:
+        return {"value": None, "outcome": "unsupported", "error": None, "values": None}
+    if o is None:
+        return {"value": None, "outcome": None, "error": None, "values": None}
+    return {
+        "value": e.value(inv),
+        "outcome": o.outcome.value,
+        "error": o.error,
+        "values": list(o.values) if o.values else None,
+    }
+
+
+def engine_json(e: EngineSnapshot, now: float | None = None) -> dict[str, Any]:
+    o = e.sleeping_outcome
+    since = None
+    if now is not None and e.last_success_unix is not None:
+        since = round(max(0.0, now - e.last_success_unix), 3)
+    return {
+        "engine": e.engine,
+        "connected": e.detail.connected,
+        "up": e.up,
+        "state": e.state,
+        "last_success_unix": e.last_success_unix,
+        "seconds_since_last_success": since,
+        "vllm_version": e.detail.vllm_version,
+        "enable_sleep_mode": e.detail.enable_sleep_mode,
+        "address": e.detail.address,
+        "handshakes": e.detail.handshakes,
+        "unsupported": sorted(e.unsupported),
+        "invariants": {inv.method: invariant_json(e, inv) for inv in INVARIANTS},
+        # The pre-schema layout (is_sleeping's outcome), kept for older scripts.
+        "outcome": o.outcome.value if o else None,
+        "value": e.sleeping,
+        "paused": e.paused,
+        "error": o.error if o else None,
+        "values": list(o.values) if o and o.values else None,
+        "weight_version": e.weight_version,
+    }
+
+
+def last_action_json(last: LastAction | None) -> dict[str, Any] | None:
+    if last is None:
+        return None
+    return {
+        "action": last.action,
+        "unix": last.unix,
+        "status": last.status,
+        "outcome": last.outcome,
+        "success": last.outcome == "success",
+        "duration_s": last.duration_s,
+        "params": dict(last.params),
+        "error": last.error,
+        "engines": [
+            {"engine": engine, "ok": ok, "reason": reason, "error": error}
+            for engine, ok, reason, error in last.engines
+        ],
+        "failed_engines": [engine for engine, ok, _, _ in last.engines if not ok],
+    }
+
+
+def counters_json(stats: Stats) -> dict[str, Any]:
+    # Every polled invariant is listed (0 when none failed): the document's shape does not
+    # depend on what happened.
+    failed: Counter[str] = Counter({inv.method: 0 for inv in INVARIANTS})
+    for (method, _engine, outcome), n in stats.utility_calls.items():
+        if outcome != Outcome.OK.value and n:
+            failed[method] += n
+    actions: dict[str, dict[str, int]] = {}
+    by_outcome: Counter[str] = Counter({o: 0 for o in OUTCOMES})
+    for (action, outcome), n in sorted(stats.admin_actions.items()):
+        if n:
+            actions.setdefault(action, {})[outcome] = n
+            by_outcome[outcome] += n
+    return {
+        "since_unix": stats.started_unix,
+        "polls": stats.polls,
+        "inconsistencies": {m: n for m, n in sorted(stats.inconsistent_results.items())},
+        "failed_calls": dict(sorted(failed.items())),
+        "failed_calls_total": sum(failed.values()),
+        "actions": actions,
+        "actions_by_outcome": dict(by_outcome),
+    }
+
+
+def history_json(history: FleetHistory | None, now: float) -> dict[str, Any]:
+    if history is None:
+        return {"bucket_s": 0, "window_s": 0, "entries": []}
+    return {
+        "bucket_s": history.bucket_s,
+        "window_s": history.window_s,
+        "entries": [
+            {
+                "start_unix": e.start_unix,
+                "end_unix": e.end_unix,
+                "polls": e.polls,
+                "states": dict(e.states),
+                "engines_up_min": e.engines_up_min,
+                "engines_expected": e.engines_expected,
+            }
+            for e in history.entries(now)
+        ],
+    }
+
+
+def status_json(
+    snap: FleetSnapshot,
+    config: ServeConfig,
+    stats: Stats | None = None,
+    history: FleetHistory | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The whole document; without ``stats`` the counters are empty and last_action null."""
+    now = time.time() if now is None else now
+    unsupported: dict[str, list[str]] = {inv.method: [] for inv in INVARIANTS}
+    for e in snap.engines:
+        for method in sorted(e.unsupported):
+            unsupported.setdefault(method, []).append(e.engine)
+    aggregate = {
+        inv.method: verdict_json(
+            snap.verdict(inv), inv.method in snap.verdicts, unsupported[inv.method]
+        )
+        for inv in INVARIANTS
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "version": __version__,
+        "generated_unix": now,
+        "attach": config.attach,
+        "model_name": config.model_name,
+        "ready": snap.ready,
+        "engines_expected": snap.expected,
+        "engines_connected": snap.connected,
+        "last_poll": {
+            "number": snap.poll_number,
+            "unix": snap.taken_at_unix or None,
+            "duration_s": snap.poll_duration_s if snap.poll_number else None,
+        },
+        "aggregate": aggregate,
+        "engines": [engine_json(e, now) for e in snap.engines],
+        "last_action": last_action_json(stats.last_action if stats else None),
+        "counters": counters_json(stats if stats is not None else Stats()),
+        "history": history_json(history, now),
+        # The pre-schema layout, kept for older scripts.
+        "consistent": aggregate["is_sleeping"]["consistent"],
+        "is_scheduler_paused": aggregate["is_scheduler_paused"],
+    }
