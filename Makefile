@@ -23,11 +23,12 @@ demo: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
-## make unit: the socket-free tier in seconds (pure protocol, aggregation, the simulated engine's
-## state machine, and poller / metrics / status / admin over the in-memory FakeFleet)
-UNIT_TESTS := tests/unit tests/protocol tests/core/test_aggregate.py tests/core/test_sim_state.py
+## make unit: tests/unit in seconds: no sockets, no subprocesses (protocol codecs, aggregation,
+## the simulated engine's state machine, file parsing, and poller / metrics / status / admin over
+## the in-memory FakeFleet). The other tiers: tests/integration (loopback sockets, simulated
+## engines), tests/system (shipped artefacts, external programs, scale); `make test` runs all.
 unit: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -q $(UNIT_TESTS)
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit
 
 lint: $(STAMP)
 	$(PY) -m ruff check exporter tests bench tools

@@ -1,10 +1,11 @@
 """Output-address flood: ``serve`` with 2 simulated engines while a peer PUSHes tiny frames to
-engine 1's output address (issue 12 item 3).
+engine 1's output address (docs/reliability.md, row A5).
 
 The exporter, the two engines and the flooder are separate processes, so the exporter's RSS is
 its own. During the flood ``/metrics`` is scraped every 100 ms (the latency of each scrape is
-recorded) and the exporter's VmRSS is sampled from ``/proc``. ``tests/resilience/test_flood.py``
-runs the same scenario for a few seconds and asserts bounds on these figures.
+recorded) and the exporter's VmRSS is sampled from ``/proc``.
+``tests/integration/resilience/test_flood.py`` runs the same scenario for a few seconds and
+asserts bounds on these figures.
 """
 
 from __future__ import annotations

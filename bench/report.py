@@ -146,7 +146,7 @@ FLAT_FACTOR = 1.25
 
 
 def _scale_goals(report: Report) -> list[str]:
-    """Issue 18's goals, each met or not, from this run's tables."""
+    """The goals at scale (docs/scale.md), each met or not, from this run's tables."""
     by_n = {s.n: s for s in report.sizes}
     out = ["## Goals at scale (64 and 1,024 engines)", ""]
     rows: list[str] = []

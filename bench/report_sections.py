@@ -336,7 +336,7 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
         "checked in this "
         "run and by a test), and the body is cached until the state changes, so scrapes "
         "between two polls cost no render at all.",
-        "- **The CPU gap at scale (issue 18), and what closed it.** A sampling profile of the "
+        "- **The CPU gap at scale, and what closed it.** A sampling profile of the "
         "exporter's main thread (py-spy, N=64) ranked first the `ZMQ_EVENTS` probes (a `poll` "
         "system call inside libzmq plus pyzmq's option lookup, `python -m bench.hotpath`), then "
         "the frozen-dataclass constructors of three value objects per reply, then the event "

@@ -1,4 +1,4 @@
-"""The status page's cost (issue 17): render time of ``GET /`` and ``GET /status`` and their
+"""The status page's cost (docs/status.md): render time of ``GET /`` and ``GET /status`` and their
 body sizes at 64 and 256 engines, in process over a ``FakeFleet`` (no sockets: the render is
 what the listener pays per request; neither body is cached).
 

@@ -1,4 +1,4 @@
-"""Owner mode against one real headless vLLM launcher with 2 engines (issue 14, scenarios 1, 2
+"""Owner mode against one real headless vLLM launcher with 2 engines (docs/e2e.md, scenarios 1, 2
 and 6). The engines are started once per session (``owner_fleet``, shared with scenario 7b);
 the scenarios run in file order."""
 
@@ -67,7 +67,8 @@ def test_scenario1_owner_mode_two_real_engines(fleet: OwnerFleet) -> None:
         }.items()
     )
     for engine in status["engines"]:
-        assert engine["outcome"] == "ok" and engine["connected"] is True
+        assert engine["invariants"]["is_sleeping"]["outcome"] == "ok"
+        assert engine["connected"] is True
         assert engine["vllm_version"] == fleet.runtime.version
         assert engine["handshakes"] == 1
     scrape = exporter.scrape()
@@ -107,7 +108,7 @@ def test_scenario2_exporter_restart_finds_running_engines(fleet: OwnerFleet) -> 
     status = fleet.exporter.wait_ready(30.0, fleet.engines)
     assert engine_core_pids(fleet.engines) == engines_before, "the engines were restarted"
     assert [e["handshakes"] for e in status["engines"]] == [0, 0]
-    assert all(e["outcome"] == "ok" for e in status["engines"])
+    assert all(e["invariants"]["is_sleeping"]["outcome"] == "ok" for e in status["engines"])
     assert_fleet_healthy(fleet.exporter.scrape())
     assert_reset_confirmed_by_both(fleet.exporter.reset())
 
@@ -128,7 +129,8 @@ def test_scenario6_engine_death_then_restart_without_exporter_restart(
         status = exporter.status()
         engines = status["engines"]
         if status["engines_connected"] == 0 and all(
-            e["outcome"] == "disconnected" and not e["connected"] for e in engines
+            e["invariants"]["is_sleeping"]["outcome"] == "disconnected" and not e["connected"]
+            for e in engines
         ):
             return status
         return None

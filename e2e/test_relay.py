@@ -1,4 +1,4 @@
-"""Relay mode beside a real stock vLLM front end (issue 14, scenarios 3 and 4).
+"""Relay mode beside a real stock vLLM front end (docs/e2e.md, scenarios 3 and 4).
 
 The front end serves completions from 2 headless engines that dialled the exporter's relay
 port; the exporter has its own client slot on both engines. Started once for the module.
@@ -136,7 +136,7 @@ def test_scenario3_a_paused_front_end_shows_as_paused_engines_not_asleep(
     assert paused.status == 200, paused.body
     try:
         web.wait_for(
-            lambda: exporter.status()["is_scheduler_paused"]["value"] is True,
+            lambda: exporter.status()["aggregate"]["is_scheduler_paused"]["value"] is True,
             15,
             "the exporter to see both engines paused",
         )

@@ -60,7 +60,7 @@ def wait_paused(exporter: ExporterProc, value: bool) -> dict[str, Any]:
 
     def probe() -> dict[str, Any] | None:
         status = exporter.status()
-        verdict = status["is_scheduler_paused"]
+        verdict = status["aggregate"]["is_scheduler_paused"]
         return status if verdict["state"] == "consistent" and verdict["value"] is value else None
 
     return web.wait_for(probe, POLL_WAIT_S, f"is_scheduler_paused consistently {value}")
@@ -68,6 +68,14 @@ def wait_paused(exporter: ExporterProc, value: bool) -> dict[str, Any]:
 
 def per_engine(status: dict[str, Any], key: str) -> list[tuple[str, Any]]:
     return [(str(e["engine"]), e[key]) for e in status["engines"]]
+
+
+def weight_versions(status: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Each engine's polled weight version (``invariants.get_weight_version.value``)."""
+    return [
+        (str(e["engine"]), e["invariants"]["get_weight_version"]["value"])
+        for e in status["engines"]
+    ]
 
 
 def engine_results(body: dict[str, Any]) -> list[tuple[str, bool, str | None, Any]]:
@@ -114,7 +122,7 @@ def test_scenario7a_one_server_with_another_weight_version_then_one_version_ever
     exporter, urls = http_deployment.exporter, http_deployment.urls
     status = wait_weights(exporter, "consistent", VLLM_DEFAULT_VERSION)
     assert_nothing_unsupported(status)
-    assert per_engine(status, "weight_version") == [(e, VLLM_DEFAULT_VERSION) for e in ENGINES]
+    assert weight_versions(status) == [(e, VLLM_DEFAULT_VERSION) for e in ENGINES]
     scrape = exporter.scrape()
     assert scrape.value("vllm_dp_weight_version_consistent") == 1
     for engine in ENGINES:
@@ -135,7 +143,7 @@ def test_scenario7a_one_server_with_another_weight_version_then_one_version_ever
     assert reply.status == 200, reply.body
     assert reply.json() == {"success": True, "new_version": "step-1"}
     status = wait_weights(exporter, "inconsistent", None)
-    assert per_engine(status, "weight_version") == [("0", "step-1"), ("1", "default")]
+    assert weight_versions(status) == [("0", "step-1"), ("1", "default")]
     assert status["aggregate"]["get_weight_version"]["values"] == ["step-1", "default"]
     assert status["aggregate"]["is_sleeping"]["state"] == "consistent"  # only the weights differ
     scrape = exporter.scrape()
@@ -168,7 +176,7 @@ def test_scenario7a_one_server_with_another_weight_version_then_one_version_ever
     body = gate(exporter, 412, weight_version="step-1")
     assert body["failing_engines"] == ["0", "1"]
     status = wait_weights(exporter, "consistent", "step-2")
-    assert per_engine(status, "weight_version") == [(e, "step-2") for e in ENGINES]
+    assert weight_versions(status) == [(e, "step-2") for e in ENGINES]
     scrape = exporter.scrape()
     assert scrape.value("vllm_dp_weight_version_consistent") == 1
     assert (
@@ -213,7 +221,7 @@ def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
     exporter = owner_fleet.exporter
     status = wait_weights(exporter, "consistent", VLLM_DEFAULT_VERSION)
     assert_nothing_unsupported(status)
-    assert status["is_scheduler_paused"]["value"] is False
+    assert status["aggregate"]["is_scheduler_paused"]["value"] is False
     gate(exporter, 200)  # every engine answers every invariant
     body = gate(exporter, 412, weight_version="rl-7")
     assert body["failing_engines"] == list(ENGINES)

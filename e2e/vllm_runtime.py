@@ -24,6 +24,10 @@ MODEL_RECIPE = "tiny-llama-r1"  # bump when tiny_model.py changes
 SERVED_NAME = "tiny"
 # Long enough for generations that hold KV blocks for many seconds (a real refusal).
 MAX_MODEL_LEN = 4096
+# float32, not the model's bfloat16: vLLM's CPU attention picks its AMX kernels for bfloat16
+# wherever the CPU advertises AMX, and on virtual machines that advertise AMX tiles without
+# enabling them the worker dies with SIGILL at the first generated token (docs/e2e.md).
+DTYPE = "float32"
 # First start on a cold machine imports torch/vLLM from a cold disk cache: be generous.
 READY_TIMEOUT_S = float(os.environ.get("VLLM_DP_E2E_READY_TIMEOUT", "420"))
 
@@ -57,7 +61,7 @@ class VllmRuntime:
     def _serve(self, *args: str) -> list[str]:
         return [
             str(self.venv / "bin" / "vllm"), "serve", str(self.model),
-            *cli_flags(served_model_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN),
+            *cli_flags(served_model_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN, dtype=DTYPE),
             "--enforce-eager", *args,
         ]  # fmt: skip
 

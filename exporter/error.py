@@ -60,7 +60,3 @@ class InconsistentUtilityResults(ExporterError):
         else:
             text = f"engines returned different {method} results: {self.values!r}"
         super().__init__(text)
-
-
-class NoEngines(ExporterError):
-    """An all-engines operation was asked of a fleet with no connected engine."""

@@ -5,10 +5,10 @@
     python tools/gen_dashboard.py --check    exit 1 when the committed JSON differs
     python tools/gen_dashboard.py --stdout   print it
 
-Edit the panels here, never the JSON: tests/deploy/test_dashboard.py fails when the committed
-file is not exactly this script's output. Every query filters on job, instance and model_name with
-regex matchers; the "All" value of each variable is ".*", which also matches a series without the
-label (model_name exists only when the exporter runs with --model-name).
+Edit the panels here, never the JSON: tests/system/deploy/test_deploy_dashboard.py fails when the
+committed file is not exactly this script's output. Every query filters on job, instance and
+model_name with regex matchers; the "All" value of each variable is ".*", which also matches a
+series without the label (model_name exists only when the exporter runs with --model-name).
 """
 
 from __future__ import annotations

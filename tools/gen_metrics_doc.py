@@ -5,8 +5,8 @@
     python tools/gen_metrics_doc.py --check    exit 1 when the committed file differs
     python tools/gen_metrics_doc.py --stdout   print it
 
-Edit the catalog, never the Markdown: tests/service/test_service_catalog.py fails when the
-committed file is not exactly this script's output.
+Edit the catalog, never the Markdown: tests/integration/service/test_service_catalog.py fails
+when the committed file is not exactly this script's output.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Which asyncio event loop runs the exporter: uvloop when it is installed, else the stdlib's.
 
 uvloop (libuv, the loop vLLM's API server runs on) does the loop's own work per ready
-descriptor, handle and timer in C. With one output socket per engine, one wake-up per engine per
-call, it cut the exporter's CPU per aggregated call at 64 engines from 1.21x the floor's to
-1.15x; with one output socket for every engine the gap is smaller (1.12x against 1.09x), medians
-of five alternating runs each of ``python -m bench.loops`` (docs/scale.md). ``--event-loop asyncio``
+descriptor, handle and timer in C, which lowers the exporter's CPU per aggregated call (by how
+much, on which fleet: ``python -m bench.loops`` and docs/scale.md). ``--event-loop asyncio``
 keeps the stdlib loop (a platform without uvloop wheels, or to rule the loop out while
 debugging).
 """

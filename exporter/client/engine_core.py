@@ -24,9 +24,11 @@ from exporter.client.fleet import (
     EngineDetail,
     EngineOutcome,
     Outcome,
+    check_allowed,
+    timed_out,
 )
-from exporter.client.transport.events import EngineLinkView, TransportListener
-from exporter.error import EngineUnavailable, MethodNotAllowed
+from exporter.client.transport.events import LinkSnapshot, TransportListener
+from exporter.error import EngineUnavailable
 from exporter.protocol import UINT64_MAX, EngineOutput, encode_utility_request
 
 log = logging.getLogger("exporter.client")
@@ -42,7 +44,7 @@ class ZmqTransport(Protocol):
     @property
     def engine_indices(self) -> list[int]: ...
 
-    def link_views(self) -> list[EngineLinkView]: ...
+    def link_snapshots(self) -> list[LinkSnapshot]: ...
 
     def connected_count(self) -> int: ...
 
@@ -98,13 +100,13 @@ class EngineCoreClient:
     def __init__(
         self,
         make_transport: TransportFactory,
-        errors: ProtocolErrorTally,
+        faults: ProtocolErrorTally,
         *,
         on_change: ChangeCallback | None = None,
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
         death_confirm_timeout_s: float = DEATH_CONFIRM_TIMEOUT_S,
     ) -> None:
-        self._errors = errors
+        self._faults = faults
         self._allowed = allowed_methods
         self._on_change = on_change
         self._death_confirm_timeout_s = death_confirm_timeout_s
@@ -123,16 +125,16 @@ class EngineCoreClient:
 
     def engine_details(self) -> list[EngineDetail]:
         details = []
-        for view in self.transport.link_views():
-            reg = view.registration
+        for link in self.transport.link_snapshots():
+            reg = link.registration
             details.append(
                 EngineDetail(
-                    engine=str(view.engine_index),
-                    connected=view.connected,
-                    address=view.output_address,
+                    engine=str(link.engine_index),
+                    connected=link.connected,
+                    address=link.output_address,
                     vllm_version=reg.vllm_version if reg else None,
                     enable_sleep_mode=reg.enable_sleep_mode if reg else None,
-                    handshakes=view.handshakes,
+                    handshakes=link.handshakes,
                 )
             )
         return details
@@ -188,8 +190,7 @@ class EngineCoreClient:
         Engines that are not connected get DISCONNECTED without a send; every other engine
         gets the shared deadline ``timeout_s``, so a hung engine delays nothing beyond it.
         """
-        if method not in self._allowed:
-            raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+        check_allowed(method, self._allowed)
         transport = self.transport
         indices = transport.engine_indices
         if engines is not None:
@@ -222,12 +223,7 @@ class EngineCoreClient:
                 await asyncio.wait((fanout.done,), timeout=timeout_s)
             for idx in indices:
                 if idx not in results:
-                    results[idx] = EngineOutcome(
-                        self._label(idx),
-                        Outcome.TIMEOUT,
-                        error=f"no reply within {timeout_s:g}s",
-                        duration_s=timeout_s,
-                    )
+                    results[idx] = timed_out(self._label(idx), timeout_s)
         finally:
             for call_id in sent:
                 self._pending.pop(call_id, None)
@@ -240,16 +236,16 @@ class EngineCoreClient:
     def on_output(self, engine_index: int, output: EngineOutput) -> bool:
         reply = output.utility
         if reply is None:
-            self._errors.record("non_utility_output", f"engine {engine_index}: not a utility reply")
+            self._faults.record("non_utility_output", f"engine {engine_index}: not a utility reply")
             return False
         pending = self._pending.get(reply.call_id)
         if pending is None:
-            self._errors.record(
+            self._faults.record(
                 "unknown_call_id", f"engine {engine_index}: reply to unknown call {reply.call_id}"
             )
             return False
         if pending.engine_index != engine_index:
-            self._errors.record(
+            self._faults.record(
                 "wrong_engine",
                 f"engine {engine_index} answered call {reply.call_id} sent to "
                 f"engine {pending.engine_index}",
@@ -295,7 +291,7 @@ class EngineCoreClient:
         task = asyncio.get_running_loop().create_task(self._confirm_death(engine_index))
         self._confirming[engine_index] = task
         task.add_done_callback(lambda _: self._confirming.pop(engine_index, None))
-        watch(task, "death_confirmation", self._errors)
+        watch(task, "death_confirmation", self._faults)
 
     async def _confirm_death(self, engine_index: int) -> None:
         (outcome,) = await self.call_utility(
@@ -304,7 +300,7 @@ class EngineCoreClient:
             engines=[self._label(engine_index)],
         )
         if outcome.outcome in (Outcome.OK, Outcome.FAILED):  # it answered: alive
-            self._errors.record(
+            self._faults.record(
                 "unconfirmed_engine_dead",
                 f"engine {engine_index}: ENGINE_CORE_DEAD from another connection, but the "
                 "engine still answers",

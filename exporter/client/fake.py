@@ -12,8 +12,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineDetail, EngineOutcome, Outcome
-from exporter.error import MethodNotAllowed
+from exporter.client.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+    check_allowed,
+)
 
 #: ``handler(engine label, method, args)``: a value is an OK answer; an ``EngineOutcome`` is
 #: returned as it is (failed, timeout, disconnected ...).
@@ -71,8 +76,7 @@ class FakeFleet:
         timeout_s: float,
         engines: Collection[str] | None = None,
     ) -> list[EngineOutcome]:
-        if method not in self.allowed_methods:
-            raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+        check_allowed(method, self.allowed_methods)
         outcomes = []
         for engine in self.engines:
             if engines is not None and engine not in engines:

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from exporter.error import MethodNotAllowed
+
 #: Read-only methods: the poller and the gate send only these.
 READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
 #: State-changing and expensive methods: sent only by an operator's admin request.
@@ -69,6 +71,20 @@ class EngineOutcome(msgspec.Struct, frozen=True):
     @property
     def ok(self) -> bool:
         return self.outcome is Outcome.OK
+
+
+def check_allowed(method: str, allowed: Collection[str]) -> None:
+    """``MethodNotAllowed`` unless ``method`` is on the allow-list: every attach mode refuses
+    the same way, before anything is sent."""
+    if method not in allowed:
+        raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+
+
+def timed_out(engine: str, timeout_s: float) -> EngineOutcome:
+    """The outcome of an engine that did not answer within the fan-out's shared deadline."""
+    return EngineOutcome(
+        engine, Outcome.TIMEOUT, error=f"no reply within {timeout_s:g}s", duration_s=timeout_s
+    )
 
 
 @dataclass(frozen=True, slots=True)

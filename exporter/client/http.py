@@ -44,7 +44,14 @@ from typing import Any
 
 import aiohttp
 
-from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineDetail, EngineOutcome, Outcome
+from exporter.client.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+    check_allowed,
+    timed_out,
+)
 from exporter.client.http_replies import interpret
 from exporter.error import MethodNotAllowed
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
@@ -55,8 +62,6 @@ log = logging.getLogger("exporter.http")
 #: At most this many requests in flight per client (across all targets).
 DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
-#: Utility methods this client maps to a vLLM route (``route``).
-ROUTED_METHODS = DEFAULT_ALLOWED_METHODS  # every method the exporter may send has a route
 
 Query = list[tuple[str, str]]
 
@@ -138,8 +143,8 @@ class HttpFleetClient:
 
     def supports(self, method: str) -> bool:
         """Allow-listed and mapped to a route (whether a given server has the route shows in
-        its answer: ``UNSUPPORTED_HINT``)."""
-        return method in self.allowed_methods and method in ROUTED_METHODS
+        its answer: ``UNSUPPORTED_HINT``). ``route`` maps every method the exporter may send."""
+        return method in self.allowed_methods and method in DEFAULT_ALLOWED_METHODS
 
     async def start(self) -> None:
         headers = {"Accept": "application/json"}
@@ -180,8 +185,7 @@ class HttpFleetClient:
     ) -> list[EngineOutcome]:
         """Call ``method`` on every target at once (only those labelled in ``engines`` when
         given); one outcome per called target, in target order."""
-        if method not in self.allowed_methods:
-            raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
+        check_allowed(method, self.allowed_methods)
         spec = route(method, args)
         states = [s for s in self._states if engines is None or s.target.label in engines]
         tasks = {
@@ -201,14 +205,7 @@ class HttpFleetClient:
             task = tasks[s.target.label]
             if task.cancelled():
                 s.connected = False
-                results.append(
-                    EngineOutcome(
-                        s.target.label,
-                        Outcome.TIMEOUT,
-                        error=f"no reply within {timeout_s:g}s",
-                        duration_s=timeout_s,
-                    )
-                )
+                results.append(timed_out(s.target.label, timeout_s))
                 continue
             exc = task.exception()
             if exc is not None:  # a bug, not the target: keep it visible but do not crash polls

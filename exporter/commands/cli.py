@@ -10,13 +10,12 @@ from collections.abc import Sequence
 
 from exporter import __version__
 from exporter.base.logs import (
-    LOG_LEVELS,
     add_logging_arguments_everywhere,
     configure_logging,
     logging_settings,
 )
 
-__all__ = ["LOG_LEVELS", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 
 def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,16 +15,14 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.engine_core import EngineCoreClient
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.control.parsing import ActionRequest, reset_request
+from exporter.control.verdicts import classify
 from exporter.error import HandshakeError
-from exporter.fleetstate.aggregate import (
-    FleetState,
-    aggregate_all_true,
-    aggregate_consensus,
-    require_bool,
-)
-from exporter.protocol import reset_args
+from exporter.fleetstate.aggregate import FleetState, aggregate_consensus, require_bool
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL_RESET, EXIT_INCONSISTENT = 0, 1, 2, 3
+#: ``probe_report`` judges only the reset's outcomes: its flags do not change the verdict.
+PROBE_RESET: ActionRequest = reset_request(False, False)
 
 
 @dataclass
@@ -77,18 +75,20 @@ def probe_report(
     if verdict.state is FleetState.INCONSISTENT and verdict.error is not None:
         messages.append((EXIT_INCONSISTENT, str(verdict.error)))
     if reset is not None:
-        all_true = aggregate_all_true("reset_prefix_cache", reset)
+        # The admin action's verdict: the AND of every engine's own True, reasons per engine.
+        reset_verdict = classify(PROBE_RESET, reset)
         engines: dict[str, Any] = {}
-        for o in reset:
-            failure = next((f for f in all_true.failures if f.engine == o.engine), None)
-            entry: dict[str, Any] = {"ok": failure is None}
-            if failure is not None:
-                entry["reason"] = failure.reason
-                if failure.error:
-                    entry["error"] = failure.error
-            engines[o.engine] = entry
-        report["reset_prefix_cache"] = {"success": all_true.success, "engines": engines}
-        for f in all_true.failures:
+        for e in reset_verdict.engines:
+            entry: dict[str, Any] = {"ok": e.reason is None}
+            if e.reason is not None:
+                entry["reason"] = e.reason
+                if e.error:
+                    entry["error"] = e.error
+            engines[e.engine] = entry
+        report["reset_prefix_cache"] = {"success": reset_verdict.success, "engines": engines}
+        if not reset_verdict.engines:
+            messages.append((EXIT_ERROR, "reset_prefix_cache: no engine to call"))
+        for f in reset_verdict.failures:
             code = EXIT_PARTIAL_RESET if f.reason == "refused" else EXIT_ERROR
             messages.append((code, f"reset_prefix_cache: engine {f.engine} {f.reason}"))
     if not messages:
@@ -115,9 +115,9 @@ async def run_probe(options: ProbeOptions) -> int:
         sleeping = await client.call_utility("is_sleeping", timeout_s=options.call_timeout_s)
         reset = None
         if options.reset_prefix_cache:
-            args = reset_args(options.reset_running_requests, options.reset_connector)
+            request = reset_request(options.reset_running_requests, options.reset_connector)
             reset = await client.call_utility(
-                "reset_prefix_cache", args, timeout_s=options.call_timeout_s
+                request.method, request.args, timeout_s=options.call_timeout_s
             )
     finally:
         await client.close()

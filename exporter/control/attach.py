@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 def build_fleet(
     config: ServeConfig,
-    errors: ProtocolErrorTally,
+    faults: ProtocolErrorTally,
     *,
     relay_handshakes: Counter[str] | None = None,
     state_file_writes: Counter[str] | None = None,
@@ -44,16 +44,16 @@ def build_fleet(
     if config.attach == "owner":
         owner = owner_config(config)
         return EngineCoreClient(
-            lambda listener: OwnerTransport(owner, listener, errors, state_writes=writes),
-            errors,
+            lambda listener: OwnerTransport(owner, listener, faults, state_writes=writes),
+            faults,
             on_change=on_change,
         )
     if config.attach == "relay":
         relay = relay_config(config)
         counter = relay_handshakes if relay_handshakes is not None else Counter()
         return EngineCoreClient(
-            lambda listener: RelayTransport(relay, listener, errors, counter, state_writes=writes),
-            errors,
+            lambda listener: RelayTransport(relay, listener, faults, counter, state_writes=writes),
+            faults,
             on_change=on_change,
         )
     if config.attach == "http":

@@ -35,10 +35,9 @@ log = logging.getLogger("exporter")
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """No garbage collection during a render: collections that a render's short-lived rows
-    trigger scan whatever else the process holds, so their cost grows with the fleet. In one
-    ``make bench`` run each on a quiet machine, render cost per engine grew 1.9x from 64 to
-    1,024 engines without the pause and stayed flat (0.9x) with it; ``python -m bench.render``
-    shows the pause never costs anything. It lasts one synchronous render."""
+    trigger scan whatever else the process holds, so their cost grows with the fleet. What
+    the pause saves, and that it costs nothing where it does not help: ``python -m
+    bench.render`` and ``make bench`` (docs/benchmarks.md). It lasts one synchronous render."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -51,11 +50,11 @@ def gc_paused() -> Iterator[None]:
 def freeze_startup_heap() -> int:
     """Collect once, then move every object alive now (modules, configuration, the links of
     every engine) out of the collector's reach (``gc.freeze``), as vLLM's engine core does after
-    start-up: a full collection later scans only what was created since. In ``make bench``
-    (table 1b) one full collection in a 1,024-engine exporter's process took 66 ms, the whole
-    p99 tail of that run. Returns the number of objects frozen. Called once by the ``serve``
-    command and by the benchmark, never by in-process tests (a test process would pin what
-    later tests drop while it is alive then)."""
+    start-up: a full collection later scans only what was created since (without it, full
+    collections were the tail of a large fleet's calls: ``make bench``, table 1b of
+    docs/benchmarks.md, and docs/scale.md). Returns the number of objects frozen. Called once
+    by the ``serve`` command and by the benchmark, never by in-process tests (a test process
+    would pin what later tests drop while it is alive then)."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -66,14 +65,14 @@ class Exporter:
 
     def __init__(self, config: ServeConfig, client: FleetClient | None = None) -> None:
         self.config = config
-        self.errors = ProtocolErrorTally()
+        self.faults = ProtocolErrorTally()
         self.stats = Stats()
         self.client = (
             client
             if client is not None
             else build_fleet(
                 config,
-                self.errors,
+                self.faults,
                 relay_handshakes=self.stats.relay_handshakes,
                 state_file_writes=self.stats.state_file_writes,
                 on_change=self._on_fleet_change,
@@ -91,7 +90,7 @@ class Exporter:
         self.collector = ExporterCollector(
             lambda: self.poller.snapshot,
             self.stats,
-            self.errors,
+            self.faults,
             model_name=config.model_name,
             include_relay=config.attach == "relay",
         )
@@ -109,7 +108,7 @@ class Exporter:
         self.stats.preset(self.client.engine_labels)
         # Start the failure series of the loops every exporter runs at 0 (increase() sees 1).
         for task in ("poller",) if config.attach == "http" else ("poller", "handshake"):
-            self.errors.task_failures.setdefault(task, 0)
+            self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
         self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
 
@@ -122,7 +121,7 @@ class Exporter:
             self.poller.snapshot.poll_number,
             self.client.connected_count(),
             self.stats.generation,
-            self.errors.generation,
+            self.faults.generation,
             sum(self.stats.relay_handshakes.values()),
             sum(self.stats.state_file_writes.values()),
         )
@@ -159,7 +158,7 @@ class Exporter:
 
     async def start(self) -> None:
         await self.client.start()
-        self._poll_task = supervise("poller", self.poller.run, self.errors)
+        self._poll_task = supervise("poller", self.poller.run, self.faults)
 
     async def stop(self) -> None:
         task, self._poll_task = self._poll_task, None

@@ -1,7 +1,8 @@
 """Pure aggregation of per-engine outcomes, with vLLM's Rust-client semantics.
 
-No sockets and no clocks here: the poller, the admin endpoint and the probe feed these
-functions the outcomes of one fan-out and publish what they return.
+No sockets and no clocks here: the poller and the probe feed these functions the outcomes of
+one fan-out and publish what they return (the admin actions' verdicts, the reset's AND among
+them, are ``exporter.control.verdicts``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.error import InconsistentUtilityResults, NoEngines
+from exporter.error import InconsistentUtilityResults
 from exporter.protocol.strings import bound_text
 
 
@@ -32,27 +33,6 @@ class ConsensusVerdict:
     error: InconsistentUtilityResults | None = None
     #: Engines whose value is unknown (failed, timed out, disconnected).
     missing: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFailure:
-    engine: str
-    reason: str  # refused | failed | timeout | disconnected
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AllTrueVerdict:
-    """The AND of a call such as ``reset_prefix_cache``: true only if every engine said true."""
-
-    method: str
-    success: bool
-    engines: tuple[EngineOutcome, ...]
-    failures: tuple[EngineFailure, ...]
-
-    @property
-    def outcome(self) -> str:
-        return fleet_outcome(len(self.engines), len(self.failures))
 
 
 def fleet_outcome(engines: int, failed: int) -> str:
@@ -106,35 +86,6 @@ def aggregate_consensus(method: str, outcomes: Sequence[EngineOutcome]) -> Conse
     if missing:
         return ConsensusVerdict(method, FleetState.UNKNOWN, missing=missing)
     return ConsensusVerdict(method, FleetState.CONSISTENT, value=distinct[0])
-
-
-def reset_failure_reason(outcome: EngineOutcome) -> str | None:
-    """Why an engine did not confirm an all-true call; None when it confirmed."""
-    if outcome.outcome is Outcome.OK:
-        if outcome.value is True:
-            return None
-        return "refused" if outcome.value is False else "failed"
-    if outcome.outcome is Outcome.TIMEOUT:
-        return "timeout"
-    if outcome.outcome is Outcome.DISCONNECTED:
-        return "disconnected"
-    return "failed"
-
-
-def aggregate_all_true(method: str, outcomes: Sequence[EngineOutcome]) -> AllTrueVerdict:
-    """AND across engines; per-engine reasons kept. Zero engines is an error (NoEngines)."""
-    if not outcomes:
-        raise NoEngines(f"{method}: no engine to call")
-    failures = []
-    for o in outcomes:
-        reason = reset_failure_reason(o)
-        if reason is not None:
-            error = o.error
-            if reason == "failed" and o.outcome is Outcome.OK:
-                # Strings in it are cut already; a long list of numbers is not.
-                error = bound_text(f"unexpected result {o.value!r}")
-            failures.append(EngineFailure(o.engine, reason, error))
-    return AllTrueVerdict(method, not failures, tuple(outcomes), tuple(failures))
 
 
 def require_bool(outcomes: Sequence[EngineOutcome]) -> list[EngineOutcome]:

@@ -153,7 +153,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("engine", "reason"),
         "Engines that did not confirm a prefix-cache reset, by reason (refused, "
-        "failed, timeout, disconnected).",
+        "failed, timeout, disconnected; unsupported where that vLLM has no such method).",
     ),
     MetricSpec(
         "vllm_dp_prefix_cache_reset_duration_seconds",

@@ -81,7 +81,7 @@ def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
 def build_families(
     snap: FleetSnapshot,
     stats: Stats,
-    errors: ProtocolErrorTally,
+    faults: ProtocolErrorTally,
     *,
     model_name: str | None = None,
     include_relay: bool = False,
@@ -90,7 +90,7 @@ def build_families(
     b = _Builder(model_name)
     _engine_rows(b, snap)
     _fleet_rows(b, snap)
-    _counter_rows(b, stats, errors, include_relay)
+    _counter_rows(b, stats, faults, include_relay)
     return b.families
 
 
@@ -148,7 +148,7 @@ def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
     b.add(b.family("vllm_dp_exporter_build_info"), (__version__,), 1.0)
 
 
-def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_relay: bool) -> None:
+def _counter_rows(b: _Builder, st: Stats, faults: ProtocolErrorTally, include_relay: bool) -> None:
     b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
     b.counter("vllm_dp_utility_calls_total", st.utility_calls)
     b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
@@ -163,9 +163,9 @@ def _counter_rows(b: _Builder, st: Stats, errors: ProtocolErrorTally, include_re
     mismatches = b.family("vllm_dp_weight_checksum_mismatches")
     for engine, count in sorted(st.weight_checksum_mismatches.items()):
         b.add(mismatches, (engine,), float(count))
-    b.counter("vllm_dp_protocol_errors_total", _single(errors.counts))
-    b.counter("vllm_dp_task_failures_total", _single(errors.task_failures))
-    b.counter("vllm_dp_http_bad_requests_total", _single(errors.http_bad_requests))
+    b.counter("vllm_dp_protocol_errors_total", _single(faults.counts))
+    b.counter("vllm_dp_task_failures_total", _single(faults.task_failures))
+    b.counter("vllm_dp_http_bad_requests_total", _single(faults.http_bad_requests))
     b.counter("vllm_dp_polls_total", {(): st.polls})
     b.counter("vllm_dp_admin_requests_total", st.admin_requests)
     if include_relay:
@@ -181,14 +181,14 @@ class ExporterCollector(Collector):
         self,
         snapshot: Callable[[], FleetSnapshot],
         stats: Stats,
-        protocol_errors: ProtocolErrorTally,
+        faults: ProtocolErrorTally,
         *,
         model_name: str | None = None,
         include_relay: bool = False,
     ) -> None:
         self._snapshot = snapshot
         self._stats = stats
-        self._errors = protocol_errors
+        self._faults = faults
         self._model_name = model_name
         self._include_relay = include_relay
 
@@ -196,7 +196,7 @@ class ExporterCollector(Collector):
         return build_families(
             self._snapshot(),
             self._stats,
-            self._errors,
+            self._faults,
             model_name=self._model_name,
             include_relay=self._include_relay,
         )

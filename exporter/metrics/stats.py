@@ -72,7 +72,8 @@ class LastAction:
     def from_body(
         cls, action: str, status: int, body: Mapping[str, Any], unix: float
     ) -> LastAction:
-        """From the admin answer's body (``reset_body`` / ``verdict_body`` shapes)."""
+        """From the admin answer's body (``exporter.control.verdicts.verdict_body``, either
+        shape: parameters as ``params``, or as ``flags`` for the prefix-cache reset)."""
         engines = tuple(
             (str(e.get("engine")), bool(e.get("ok")), e.get("reason"), e.get("error"))
             for e in body.get("engines", [])

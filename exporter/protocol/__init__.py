@@ -1,13 +1,9 @@
 """Wire structs and pure encode/decode of vLLM's engine-core messages. No sockets here."""
 
 from exporter.protocol.handshake import (
-    ENGINE_HANDSHAKE_TIMEOUT_S,
     HELLO,
     READY,
     RELAY_UPSTREAM_TIMEOUT_S,
-    EngineHandshakeMetadata,
-    EngineZmqAddresses,
-    HandshakeMessage,
     RegistrationInfo,
     decode_handshake_message,
     decode_init,
@@ -24,31 +20,22 @@ from exporter.protocol.utility import (
     UINT64_MAX,
     UTILITY_REQUEST_TYPE,
     EngineOutput,
-    UtilityReply,
-    UtilityRequest,
     decode_engine_outputs,
     decode_utility_request,
     encode_utility_reply,
     encode_utility_request,
     reset_args,
-    unwrap_result,
 )
 
 __all__ = [
     "ENGINE_CORE_DEAD",
-    "ENGINE_HANDSHAKE_TIMEOUT_S",
     "HELLO",
     "READY",
     "RELAY_UPSTREAM_TIMEOUT_S",
     "UINT64_MAX",
     "UTILITY_REQUEST_TYPE",
-    "EngineHandshakeMetadata",
     "EngineOutput",
-    "EngineZmqAddresses",
-    "HandshakeMessage",
     "RegistrationInfo",
-    "UtilityReply",
-    "UtilityRequest",
     "decode_engine_outputs",
     "decode_handshake_message",
     "decode_init",
@@ -63,5 +50,4 @@ __all__ = [
     "identity_engine_index",
     "registration_map",
     "reset_args",
-    "unwrap_result",
 ]

@@ -25,6 +25,9 @@ UINT64_MAX = 2**64 - 1
 #: (one per API server, plus the exporter's): never more than a few, and an engine indexes it
 #: unchecked, so anything larger is refused before it reaches the wire.
 MAX_CLIENT_INDEX = 1023
+#: The modes of vLLM's ``pause_scheduler`` and ``sleep``: one vocabulary for the admin actions'
+#: parsers, the simulated engines and ``ctl``'s choices.
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class UtilityRequest(msgspec.Struct, array_like=True, frozen=True):

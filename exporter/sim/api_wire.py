@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.sim.state import PAUSE_MODES
+from exporter.protocol.utility import PAUSE_MODES
 
 #: pydantic's boolean strings (what FastAPI accepts for ``bool`` query parameters).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -47,8 +47,6 @@ class _HttpError(Exception):
 
 #: FastAPI's HTTPStatus phrases for the statuses the routes raise.
 _PHRASES = {400: "Bad Request", 409: "Conflict", 500: "Internal Server Error"}
-#: Paths of the RL routes (``entrypoints/rl/online/api_router.py``).
-RL_ROUTES = ("/pause", "/resume", "/is_paused", "/update_weight_version", "/weight_info")
 WEIGHT_CHECKER_ACTIONS = ("checksum", "reset", "compare")
 
 

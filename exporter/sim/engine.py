@@ -55,6 +55,21 @@ class SimStartupError(Exception):
     """The simulated engine aborted its start-up (as a real engine dies on a bad INIT)."""
 
 
+@dataclass(frozen=True)
+class SimReply:
+    """An answer a :data:`RequestHook` gives instead of the engine's state machine: ``value``
+    (a success) or, when ``failure`` is set, a failed utility call with that text."""
+
+    value: Any = None
+    failure: str | None = None
+
+
+#: ``hook(client_index, call_id, method, args)``, called with every utility request the engine
+#: is about to answer, before its state machine runs it: ``None`` lets the state machine answer,
+#: a :class:`SimReply` is sent instead (the state is then left as it was).
+RequestHook = Callable[[int, int, str, list[Any]], SimReply | None]
+
+
 @dataclass
 class SimOptions:
     """State and faults of one simulated engine.
@@ -111,13 +126,21 @@ class SimOptions:
 
 @dataclass
 class SimEngine:
-    """One simulated engine; ``await run()`` until it exits."""
+    """One simulated engine; ``await run()`` until it exits.
+
+    ``on_request`` (a :data:`RequestHook`, settable at any time) sees every utility request the
+    engine answers, in the order it answers them, after the wire-side faults (``hang``,
+    ``reply_delay_s``, the shutdown window) and before the state machine runs it; returning a
+    :class:`SimReply` answers with that instead. Tests record requests and script answers with
+    it; it is never called for a request the engine does not answer.
+    """
 
     handshake_address: str
     engine_index: int
     options: SimOptions = field(default_factory=SimOptions)
     context: zmq.asyncio.Context | None = None
     clock: Callable[[], float] = time.monotonic
+    on_request: RequestHook | None = None
 
     def __post_init__(self) -> None:
         #: Sleep/pause/weight state and every utility method (the options' state fields are
@@ -286,6 +309,13 @@ class SimEngine:
     async def _dispatch(
         self, client_index: int, call_id: int, method: str, args: list[Any]
     ) -> None:
+        if self.on_request is not None:
+            scripted = self.on_request(client_index, call_id, method, args)
+            if scripted is not None:
+                await self._reply(
+                    client_index, call_id, value=scripted.value, failure=scripted.failure
+                )
+                return
         try:
             result = self.state.call(method, args)
         except UtilityFailure as exc:

@@ -34,9 +34,9 @@ class _CountingOwnerTransport(OwnerTransport):
     """``OwnerTransport`` that also records every handshake message it receives."""
 
     def __init__(
-        self, config: OwnerConfig, listener: TransportListener, errors: ProtocolErrorTally
+        self, config: OwnerConfig, listener: TransportListener, faults: ProtocolErrorTally
     ) -> None:
-        super().__init__(config, listener, errors)
+        super().__init__(config, listener, faults)
         #: (engine identity, status) → number of messages received.
         self.received: Counter[tuple[bytes, str]] = Counter()
         #: (engine identity, status) → raw payloads, in arrival order.
@@ -60,7 +60,7 @@ class SimFrontend:
     start_rank: int = 0
     call_period_s: float = 0.05
     call_timeout_s: float = 1.0
-    errors: ProtocolErrorTally = field(default_factory=ProtocolErrorTally)
+    faults: ProtocolErrorTally = field(default_factory=ProtocolErrorTally)
     #: Every per-engine outcome of the front end's own calls, in order.
     outcomes: list[EngineOutcome] = field(default_factory=list)
 
@@ -73,10 +73,10 @@ class SimFrontend:
         transports: list[_CountingOwnerTransport] = []
 
         def make(listener: TransportListener) -> _CountingOwnerTransport:
-            transports.append(_CountingOwnerTransport(config, listener, self.errors))
+            transports.append(_CountingOwnerTransport(config, listener, self.faults))
             return transports[-1]
 
-        self.client = EngineCoreClient(make, self.errors)
+        self.client = EngineCoreClient(make, self.faults)
         self.transport = transports[0]
         self._task: asyncio.Task[None] | None = None
 
@@ -101,7 +101,8 @@ class SimFrontend:
         )
 
     def dead(self, engine_index: int) -> bool:
-        return any(v.dead for v in self.transport.link_views() if v.engine_index == engine_index)
+        links = self.transport.link_snapshots()
+        return any(s.dead for s in links if s.engine_index == engine_index)
 
     async def start(self, *, call_loop: bool = True) -> None:
         """Bind and start handshaking; with ``call_loop`` also start the slot-0 calls."""
@@ -116,7 +117,7 @@ class SimFrontend:
         while True:
             if self.client.connected_count():
                 connected = [
-                    str(v.engine_index) for v in self.transport.link_views() if v.connected
+                    str(s.engine_index) for s in self.transport.link_snapshots() if s.connected
                 ]
                 outcomes = await self.client.call_utility(
                     "is_sleeping", timeout_s=self.call_timeout_s, engines=connected

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.protocol.utility import PAUSE_MODES
 from exporter.sim.story import StoryState
 
-PAUSE_MODES = ("abort", "wait", "keep")
 ALL_TAGS = frozenset({"weights", "kv_cache"})
 #: The simulated model's parameters (every worker holds its shard of each).
 PARAMETER_NAMES = (

@@ -1,13 +1,15 @@
-"""The admin listener: collective actions on every engine (``POST /admin/<action>``):
-``reset_prefix_cache`` (AND semantics) and the actions of ``exporter.control.actions`` (sleep,
-wake_up, pause, resume, weight_version, reset_mm_cache, reset_encoder_cache), each verified by
-reading the state back on every engine where the engine exposes it.
+"""The admin listener: collective actions on every engine (``POST /admin/<action>``), one
+route per entry of ``exporter.control.actions.ACTIONS`` (the prefix-cache reset, sleep,
+wake_up, pause, resume, weight_version, reset_mm_cache, reset_encoder_cache, verify_weights).
 
-Secured by default: bearer token compared in constant time (never logged), failed tokens rate
-limited per source address (a correct token is always accepted), one action at a time (409),
-Idempotency-Key replay (``exporter.web.admin_guard``), a minimum interval (429), small request
-bodies, chunked or not (413), POST only (405). Every request leaves one audit record in the
-structured log (``exporter.base.logs.log_audit``: logger ``exporter.audit``).
+This module keeps the HTTP concerns; ``exporter.control.runner.ActionRunner`` runs the action.
+A request passes a chain of small guards, each of which may answer it early: authentication
+(bearer token compared in constant time, never logged; failed attempts rate limited per source
+address, a correct token always accepted), a small request body, chunked or not (413), the
+action's parameters (400), the relay-mode policy (403), Idempotency-Key replay
+(``exporter.web.admin_guard``), one action at a time (409) and the action's minimum interval
+(429). POST only (405). Every request leaves one audit record in the structured log
+(``exporter.base.logs.log_audit``: logger ``exporter.audit``).
 
 With ``--web-config-file`` the listener serves TLS; its ``basic_auth_users`` authenticate admin
 requests only when no admin token is configured (one Authorization header carries one scheme;
@@ -23,22 +25,16 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from exporter.base.logs import log_audit
-from exporter.client.fleet import Outcome
-from exporter.control.actions import (
-    ACTIONS,
-    ActionRequest,
-    BadRequest,
-    run_action,
-    run_verify_weights,
-)
-from exporter.control.reset import parse_reset, reset_body
+from exporter.control.actions import ACTIONS, ActionSpec
+from exporter.control.parsing import ActionRequest, BadRequest
+from exporter.control.runner import ActionRunner
 from exporter.control.runtime import Exporter
-from exporter.fleetstate.aggregate import aggregate_all_true
 from exporter.web.admin_guard import (
     AuthThrottle,
     IdempotencyStore,
@@ -52,21 +48,50 @@ from exporter.web.httpguard import BAD_REQUESTS_KEY
 
 log = logging.getLogger("exporter.admin")
 
+#: Every action is served on ``/admin/<name>``; the reset's path is the one scripts name most.
 RESET_PATH = "/admin/reset_prefix_cache"
 ADMIN_SHUTDOWN_KEY: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("admin_shutdown")
 MAX_ADMIN_BODY = 1024
 BEARER_REALM = 'Bearer realm="vllm-dp-exporter"'
 #: A request body (chunked or not) must arrive within this many seconds (408 otherwise).
 BODY_TIMEOUT_S = 5.0
-#: Answers of completed resets: stored and replayed for Idempotency-Key retries.
+#: Answers of completed actions: stored and replayed for Idempotency-Key retries.
 STORED_STATUSES = frozenset({200, 502})
 RELAY_REFUSAL = (
     "{action} changes engine state, and in relay mode the stock front end would not learn of "
     "it (its own vllm:engine_sleep_state would go stale); run it through the front end, or "
     "start the exporter with --relay-allow-state-changes"
 )
-Parser = Callable[[dict[str, list[str]], bytes], ActionRequest]
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+#: Status, JSON body and headers of an answer.
+Answer = tuple[int, dict[str, Any], dict[str, str]]
+
+
+@dataclass
+class Pending:
+    """One admin request on its way through the guards, and what they learnt of it."""
+
+    http: web.Request
+    spec: ActionSpec
+    audit: dict[str, Any]
+    body: bytes = b""
+    parsed: ActionRequest | None = None
+    key: str | None = None
+
+    @property
+    def request(self) -> ActionRequest:
+        """The parsed request (the guards after parsing only)."""
+        if self.parsed is None:
+            raise RuntimeError("the admin request is not parsed yet")
+        return self.parsed
+
+
+Step = Callable[[Pending], Awaitable[Answer | None]]
+
+
+def retry_after(last: float | None, interval_s: float, now: float) -> float:
+    """Seconds until an action that last started at ``last`` may start again (<= 0: now)."""
+    return 0.0 if last is None else interval_s - (now - last)
 
 
 class AdminController:
@@ -82,9 +107,11 @@ class AdminController:
         self.exporter = exporter
         self._audit = audit
         self._clock = clock
+        self.runner = ActionRunner(exporter)
         self._inflight: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
         self._inflight_action = ""
-        self._last_reset: float | None = None
+        #: action → when it last started (actions with a minimum interval only).
+        self._last_started: dict[str, float] = {}
         self.idempotency = IdempotencyStore(clock=clock)
         self.auth_throttle = AuthThrottle(clock=clock)
         token = exporter.config.admin_token
@@ -95,12 +122,20 @@ class AdminController:
             if token is None and web is not None and web.users
             else None
         )
+        #: The guards, in order: the first to answer ends the request.
+        self.steps: tuple[Step, ...] = (
+            self._authenticate,
+            self._read_body,
+            self._parse,
+            self._relay_policy,
+            self._idempotency,
+            self._single_flight,
+            self._rate_limit,
+        )
 
     # -- checks ----------------------------------------------------------------------------
 
-    async def _auth_refusal(
-        self, request: web.Request, audit: dict[str, Any]
-    ) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+    async def _auth_refusal(self, request: web.Request, audit: dict[str, Any]) -> Answer | None:
         """None when authenticated (the bearer token when one is configured, else the web
         config's basic auth users when there are some, else nothing to check), else the 401
         or 429 to answer. Only failed attempts are throttled, and per source: a correct token
@@ -149,195 +184,156 @@ class AdminController:
 
     # -- the request -----------------------------------------------------------------------
 
-    def route(self, action: str, parse: Parser, state_changing: bool) -> Handler:
-        """The aiohttp handler of ``POST /admin/<action>``."""
+    def route(self, spec: ActionSpec) -> Handler:
+        """The aiohttp handler of ``POST /admin/<spec.name>``."""
 
         async def handler(request: web.Request) -> web.Response:
-            return await self.handle(request, action, parse, state_changing)
+            return await self.handle(request, spec)
 
         return handler
 
-    async def handle(
-        self,
-        request: web.Request,
-        action: str = "reset_prefix_cache",
-        parse: Parser | None = None,
-        state_changing: bool = False,
-    ) -> web.Response:
+    async def handle(self, request: web.Request, spec: ActionSpec) -> web.Response:
         started = time.perf_counter()
-        audit: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "event": "admin_request",
-            "action": action,
-            "client": request.remote,
-        }
+        pending = Pending(
+            request,
+            spec,
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "event": "admin_request",
+                "action": spec.name,
+                "client": request.remote,
+            },
+        )
         try:
-            status, body, headers = await self._decide(
-                request, audit, action, parse or parse_reset, state_changing
-            )
+            status, body, headers = await self._decide(pending)
         except Exception:  # a bug: still answered, audited and counted, never a bare 500
             log.exception("admin request failed")
-            audit["outcome"] = "internal_error"
+            pending.audit["outcome"] = "internal_error"
             status, body, headers = 500, {"error": "internal error"}, {}
-        audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
-        self.exporter.stats.record_admin_request(action, status)
-        self._audit(audit)
+        pending.audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
+        self.exporter.stats.record_admin_request(spec.name, status)
+        self._audit(pending.audit)
         return web.json_response(body, status=status, headers=headers)
 
-    async def _decide(
-        self,
-        request: web.Request,
-        audit: dict[str, Any],
-        action: str,
-        parse: Parser,
-        state_changing: bool,
-    ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        refusal = await self._auth_refusal(request, audit)
-        if refusal is not None:
-            return refusal
-        body_or_problem = await read_body_bounded(request, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
+    async def _decide(self, pending: Pending) -> Answer:
+        """The first guard's answer, or the action's once every guard let it through."""
+        for step in self.steps:
+            answer = await step(pending)
+            if answer is not None:
+                return answer
+        return await self._start(pending)
+
+    # -- the guards: each answers the request early, or returns None to pass it on ----------
+
+    async def _authenticate(self, pending: Pending) -> Answer | None:
+        return await self._auth_refusal(pending.http, pending.audit)
+
+    async def _read_body(self, pending: Pending) -> Answer | None:
+        body_or_problem = await read_body_bounded(pending.http, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
         if isinstance(body_or_problem, tuple):
-            audit["outcome"] = "bad_request"
+            pending.audit["outcome"] = "bad_request"
             return body_or_problem[0], {"error": body_or_problem[1]}, {}
+        pending.body = body_or_problem
+        return None
+
+    async def _parse(self, pending: Pending) -> Answer | None:
+        query = pending.http.query
         try:
-            parsed = parse({k: request.query.getall(k) for k in request.query}, body_or_problem)
+            parsed = pending.spec.parse({k: query.getall(k) for k in query}, pending.body)
         except BadRequest as exc:
-            audit["outcome"] = "bad_request"
+            pending.audit["outcome"] = "bad_request"
             return 400, {"error": str(exc)}, {}
-        audit["params" if action != "reset_prefix_cache" else "flags"] = dict(parsed.params)
+        pending.parsed = parsed
+        pending.audit[pending.spec.answer.params_key] = dict(parsed.params)
+        return None
+
+    async def _relay_policy(self, pending: Pending) -> Answer | None:
         config = self.exporter.config
-        if state_changing and config.attach == "relay" and not config.relay_allow_state_changes:
-            audit["outcome"] = "refused_in_relay_mode"
-            return 403, {"error": RELAY_REFUSAL.format(action=action)}, {}
-        fingerprint = parsed.fingerprint
-        key = request.headers.get("Idempotency-Key")
-        if key is not None:
-            if not 0 < len(key) <= 200:
-                audit["outcome"] = "bad_request"
-                return 400, {"error": "Idempotency-Key must be 1-200 characters"}, {}
-            seen = self.idempotency.check(key, fingerprint)
-            if seen == "mismatch":
-                audit["outcome"] = "idempotency_key_reused"
-                error = "this Idempotency-Key was used with other parameters; use a new key"
-                return 422, {"error": error}, {}
-            if seen == "in_flight":
-                audit["outcome"] = "conflict"
-                error = "a request with this Idempotency-Key is still running; retry later"
-                return 409, {"error": error}, {}
-            if isinstance(seen, Replay):
-                audit["outcome"] = "idempotent_replay"
-                return seen.status, seen.body, {"Idempotency-Replayed": "true"}
-        if self._inflight is not None and not self._inflight.done():
+        if (
+            pending.spec.state_changing
+            and config.attach == "relay"
+            and not config.relay_allow_state_changes
+        ):
+            pending.audit["outcome"] = "refused_in_relay_mode"
+            return 403, {"error": RELAY_REFUSAL.format(action=pending.spec.name)}, {}
+        return None
+
+    async def _idempotency(self, pending: Pending) -> Answer | None:
+        key = pending.http.headers.get("Idempotency-Key")
+        if key is None:
+            return None
+        audit = pending.audit
+        if not 0 < len(key) <= 200:
+            audit["outcome"] = "bad_request"
+            return 400, {"error": "Idempotency-Key must be 1-200 characters"}, {}
+        seen = self.idempotency.check(key, pending.request.fingerprint)
+        if seen == "mismatch":
+            audit["outcome"] = "idempotency_key_reused"
+            error = "this Idempotency-Key was used with other parameters; use a new key"
+            return 422, {"error": error}, {}
+        if seen == "in_flight":
             audit["outcome"] = "conflict"
+            error = "a request with this Idempotency-Key is still running; retry later"
+            return 409, {"error": error}, {}
+        if isinstance(seen, Replay):
+            audit["outcome"] = "idempotent_replay"
+            return seen.status, seen.body, {"Idempotency-Replayed": "true"}
+        pending.key = key
+        return None
+
+    async def _single_flight(self, pending: Pending) -> Answer | None:
+        if self._inflight is not None and not self._inflight.done():
+            pending.audit["outcome"] = "conflict"
             running = self._inflight_action
             return 409, {"error": f"an admin action ({running}) is already running"}, {}
-        if action == "reset_prefix_cache":
-            min_interval = config.reset_min_interval
-            if self._last_reset is not None:
-                wait = min_interval - (self._clock() - self._last_reset)
-                if wait > 0:
-                    audit["outcome"] = "rate_limited"
-                    return (
-                        429,
-                        {"error": f"resets are limited to one every {min_interval:g}s"},
-                        {"Retry-After": str(math.ceil(wait))},
-                    )
-            self._last_reset = self._clock()
-        self._inflight_action = action
-        self._inflight = asyncio.create_task(self._keyed(parsed, key))
+        return None
+
+    async def _rate_limit(self, pending: Pending) -> Answer | None:
+        limit = pending.spec.rate_limit
+        if limit is None:
+            return None
+        interval = limit.interval(self.exporter.config)
+        wait = retry_after(self._last_started.get(pending.spec.name), interval, self._clock())
+        if wait <= 0:
+            return None
+        pending.audit["outcome"] = "rate_limited"
+        return 429, {"error": limit.refusal(interval)}, {"Retry-After": str(math.ceil(wait))}
+
+    # -- the action --------------------------------------------------------------------------
+
+    async def _start(self, pending: Pending) -> Answer:
+        """Every guard passed: run the action, shielded (a client that hangs up does not cut a
+        fan-out in half)."""
+        spec, request, key = pending.spec, pending.request, pending.key
+        if spec.rate_limit is not None:
+            self._last_started[spec.name] = self._clock()
+        self._inflight_action = spec.name
+        self._inflight = asyncio.create_task(self._keyed(request, key))
         if key is not None:  # held from now on, released however the task ends
-            self.idempotency.begin(key, fingerprint)
+            self.idempotency.begin(key, request.fingerprint)
             self._inflight.add_done_callback(lambda _: self.idempotency.finish(key, None))
-        # Shielded: a client that hangs up does not cut a fan-out in half.
         status, body = await asyncio.shield(self._inflight)
-        audit["outcome"] = body.get("outcome", "failure")
-        audit["failed_engines"] = body.get("failed_engines", [])
+        pending.audit["outcome"] = body.get("outcome", "failure")
+        pending.audit["failed_engines"] = body.get("failed_engines", [])
         return status, body, {}
 
     async def _keyed(self, request: ActionRequest, key: str | None) -> tuple[int, dict[str, Any]]:
         """The action; its Idempotency-Key's answer is stored only when the action completed
         (200 or 502; not 503 "no engine connected")."""
-        if request.action == "reset_prefix_cache":
-            status, body = await self._reset(request)
-        else:
-            status, body = await self._action(request)
-        self.exporter.stats.record_last_action(request.action, status, body)
-        # The state may have changed: the gate's shared sample and the last poll are older.
-        self.exporter.gate.invalidate()
-        self.exporter.poller.poll_soon()
-        if key is not None and status in STORED_STATUSES:
-            self.idempotency.finish(key, Replay(status, body))
-        return status, body
-
-    async def _action(self, request: ActionRequest) -> tuple[int, dict[str, Any]]:
-        exporter = self.exporter
-        config = exporter.config
-        stats = exporter.stats
-        if request.action == "verify_weights":
-            result = await run_verify_weights(
-                exporter.fleet, timeout_s=config.verify_weights_timeout
-            )
-            if "mismatches" in result.extra:
-                stats.record_weight_verification(result.extra["mismatches"], time.time())
-        else:
-            result = await run_action(exporter.fleet, request, timeout_s=config.action_timeout)
-        verdict = result.verdict
-        if verdict is None:
-            stats.record_action(request.action, "failure")
-            return result.status, result.body
-        stats.record_action(
-            request.action, verdict.outcome, [(e.engine, e.reason or "") for e in verdict.failures]
-        )
-        if not verdict.success:
-            log.warning(
-                "%s %s: %s",
-                request.action,
-                verdict.outcome,
-                ", ".join(f"engine {e.engine} {e.reason}" for e in verdict.failures),
-            )
+        result = await self.runner.run(request)
+        if key is not None and result.status in STORED_STATUSES:
+            self.idempotency.finish(key, Replay(result.status, result.body))
         return result.status, result.body
 
-    async def _reset(self, request: ActionRequest) -> tuple[int, dict[str, Any]]:
-        exporter = self.exporter
-        stats = exporter.stats
-        started = time.perf_counter()
-        timeout = exporter.config.reset_timeout or exporter.config.call_timeout
-        flags = dict(request.params)
-        outcomes = await exporter.fleet.call_utility(
-            "reset_prefix_cache", request.args, timeout_s=timeout
-        )
-        if all(o.outcome is Outcome.DISCONNECTED for o in outcomes):
-            stats.record_reset("failure")
-            stats.record_action("reset_prefix_cache", "failure")
-            body = {
-                "success": False,
-                "outcome": "failure",
-                "engines": [],
-                "failed_engines": [],
-                "flags": flags,
-                "error": "no engine is connected",
-            }
-            return 503, body
-        duration = time.perf_counter() - started
-        verdict = aggregate_all_true("reset_prefix_cache", outcomes)
-        failures = [(f.engine, f.reason) for f in verdict.failures]
-        stats.record_reset(
-            verdict.outcome, failures, duration, time.time() if verdict.success else None
-        )
-        stats.record_action("reset_prefix_cache", verdict.outcome, failures)
-        if not verdict.success:
-            log.warning(
-                "prefix-cache reset %s: %s",
-                verdict.outcome,
-                ", ".join(f"engine {f.engine} {f.reason}" for f in verdict.failures),
-            )
-        return (200 if verdict.success else 502), reset_body(verdict, flags, duration)
-
     async def drain(self, grace_s: float) -> None:
-        """At shutdown: let an in-flight reset finish, up to ``grace_s``."""
+        """At shutdown: let an in-flight action finish, up to ``grace_s``."""
         task = self._inflight
         if task is not None and not task.done():
-            log.info("waiting up to %.1fs for the in-flight prefix-cache reset", grace_s)
+            log.info(
+                "waiting up to %.1fs for the in-flight admin action (%s)",
+                grace_s,
+                self._inflight_action,
+            )
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(task), grace_s)
             if not task.done():
@@ -355,11 +351,9 @@ def create_admin_app(
     protect(app, exporter.config.web, basic_auth=False)  # headers; auth is the controller's
     controller = AdminController(exporter, audit=audit)
     app[ADMIN_KEY] = controller
-    app[BAD_REQUESTS_KEY] = exporter.errors.http_listener("admin")
-    app.router.add_post(RESET_PATH, controller.handle)
+    app[BAD_REQUESTS_KEY] = exporter.faults.http_listener("admin")
     for spec in ACTIONS.values():
-        handler = controller.route(spec.name, spec.parse, spec.state_changing)
-        app.router.add_post(f"/admin/{spec.name}", handler)
+        app.router.add_post(f"/admin/{spec.name}", controller.route(spec))
 
     async def shutdown() -> None:
         await controller.drain(exporter.config.shutdown_grace)

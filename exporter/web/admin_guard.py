@@ -6,10 +6,10 @@
   anywhere, are never affected. The table is bounded: at most ``max_addresses`` entries of at
   most ``limit`` timestamps each; IPv6 clients are grouped by /64 (one host usually owns a
   whole /64).
-* ``IdempotencyStore``: answers of completed resets by ``Idempotency-Key``, as the IETF
+* ``IdempotencyStore``: answers of completed admin actions by ``Idempotency-Key``, as the IETF
   Idempotency-Key draft describes: a retry with the same key and the same parameters gets the
   stored answer, the same key with other parameters is refused (422), and the same key while its
-  first request still runs is refused (409). Only completed resets are stored.
+  first request still runs is refused (409). Only completed actions are stored.
 """
 
 from __future__ import annotations

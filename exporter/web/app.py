@@ -22,7 +22,7 @@ from exporter.metrics.negotiation import VARY, wants_gzip
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
-from exporter.web.statusdoc import status_json as status_json  # re-exported (older imports)
+from exporter.web.statusdoc import status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -98,7 +98,7 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     """The main application; its cleanup context runs the exporter and the admin listener."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[EXPORTER_KEY] = exporter = exporter if exporter is not None else Exporter(config)
-    app[BAD_REQUESTS_KEY] = exporter.errors.http_listener("metrics")
+    app[BAD_REQUESTS_KEY] = exporter.faults.http_listener("metrics")
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

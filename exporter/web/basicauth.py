@@ -1,7 +1,8 @@
 """Basic authentication of both listeners (``basic_auth_users`` of ``--web-config-file``).
 
-bcrypt costs ~100 ms per check by design, so a stranger guessing passwords must not be able to
-spend that time on the exporter's behalf nor make a good scraper wait for it:
+bcrypt is slow per check by design (its cost: docs/security.md), so a stranger guessing
+passwords must not be able to spend that time on the exporter's behalf nor make a good scraper
+wait for it:
 
 * a credential verified once is remembered (an HMAC of it, keyed per process, one entry per
   configured user: guesses never evict it) and answered without bcrypt, from any address;

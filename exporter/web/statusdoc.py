@@ -3,9 +3,7 @@
 Pure: a snapshot, the counters, the history ring and a clock reading in, one JSON-ready dict
 out. Every invariant has the same shape in ``aggregate`` and in each engine's ``invariants``;
 ``schema_version`` changes only when a key is removed or changes meaning (new keys may appear
-at any time). The keys ``consistent`` and ``is_scheduler_paused`` at the top level and
-``outcome`` / ``value`` / ``paused`` / ``error`` / ``values`` / ``weight_version`` per engine
-are the pre-schema layout, kept for older scripts.
+at any time).
 """
 
 from __future__ import annotations
@@ -64,7 +62,6 @@ def invariant_json(e: EngineSnapshot, inv: Invariant) -> dict[str, Any]:
 
 
 def engine_json(e: EngineSnapshot, now: float | None = None) -> dict[str, Any]:
-    o = e.sleeping_outcome
     since = None
     if now is not None and e.last_success_unix is not None:
         since = round(max(0.0, now - e.last_success_unix), 3)
@@ -81,13 +78,6 @@ def engine_json(e: EngineSnapshot, now: float | None = None) -> dict[str, Any]:
         "handshakes": e.detail.handshakes,
         "unsupported": sorted(e.unsupported),
         "invariants": {inv.method: invariant_json(e, inv) for inv in INVARIANTS},
-        # The pre-schema layout (is_sleeping's outcome), kept for older scripts.
-        "outcome": o.outcome.value if o else None,
-        "value": e.sleeping,
-        "paused": e.paused,
-        "error": o.error if o else None,
-        "values": list(o.values) if o and o.values else None,
-        "weight_version": e.weight_version,
     }
 
 
@@ -193,7 +183,4 @@ def status_json(
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),
         "history": history_json(history, now),
-        # The pre-schema layout, kept for older scripts.
-        "consistent": aggregate["is_sleeping"]["consistent"],
-        "is_scheduler_paused": aggregate["is_scheduler_paused"],
     }

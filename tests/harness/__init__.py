@@ -4,7 +4,9 @@
 - ``scrape``: reading a scrape (``parse_metrics``, ``samples``, ``metric_value``).
 - ``wire``: the byte-exact wire vectors and loopback handshake addresses.
 - ``service``: a config and the real exporter (``create_app``) over real HTTP with in-process
-  simulated engines (``Service``, ``Services``).
+  simulated engines (``Service``, ``Services``; ``RecordingSimEngine`` records every request
+  through the simulated engine's public ``on_request`` hook).
+- ``restart``: exporters restarted over the same engines and state file (``RestartRig``).
 - ``processes``: subprocesses (``SimProcess``, ``run_cli``, process-table helpers).
 - ``rawengine`` / ``stockclient``: hand-driven engine and stock front end for conformance tests.
 - ``owner``: an owner-mode ``EngineCoreClient`` over hand-driven engines (``OwnerHarness``).

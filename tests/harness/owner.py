@@ -18,13 +18,13 @@ class OwnerHarness:
     def __init__(self, count: int, start_rank: int = 0) -> None:
         self.address = loopback_address()
         self.ctx = zmq.asyncio.Context()
-        self.errors = ProtocolErrorTally()
+        self.faults = ProtocolErrorTally()
         config = OwnerConfig(
             handshake_address=self.address, engine_count=count, start_rank=start_rank
         )
         self.client = EngineCoreClient(
-            lambda listener: OwnerTransport(config, listener, self.errors, context=self.ctx),
-            self.errors,
+            lambda listener: OwnerTransport(config, listener, self.faults, context=self.ctx),
+            self.faults,
         )
         transport = self.client.transport
         assert isinstance(transport, OwnerTransport)

@@ -31,7 +31,7 @@ class Relay:
     """One relay exporter: the FleetClient, its transport, tally and stats."""
 
     client: EngineCoreClient
-    errors: ProtocolErrorTally
+    faults: ProtocolErrorTally
     stats: Stats
 
     @property
@@ -85,13 +85,13 @@ class RelayHarness:
         return ServeConfig(**values)
 
     async def start_relay(self, **overrides: Any) -> Relay:
-        errors = ProtocolErrorTally()
+        faults = ProtocolErrorTally()
         stats = Stats()
         client = build_fleet(
-            self.serve_config(**overrides), errors, relay_handshakes=stats.relay_handshakes
+            self.serve_config(**overrides), faults, relay_handshakes=stats.relay_handshakes
         )
         assert isinstance(client, EngineCoreClient)
-        relay = Relay(client, errors, stats)
+        relay = Relay(client, faults, stats)
         await client.start()
         self.relays.append(relay)
         return relay
@@ -129,10 +129,10 @@ class RelayHarness:
             await self.frontend.close()
 
 
-def cross_talk(errors: ProtocolErrorTally) -> Counter[str]:
+def cross_talk(faults: ProtocolErrorTally) -> Counter[str]:
     """Error kinds that would mean a reply reached the wrong client or engine."""
     kinds = ("unknown_call_id", "wrong_engine", "wrong_engine_index", "non_utility_output")
-    return Counter({k: errors.counts[k] for k in kinds if errors.counts.get(k)})
+    return Counter({k: faults.counts[k] for k in kinds if faults.counts.get(k)})
 
 
 class RelayHarnesses:

@@ -16,7 +16,7 @@ from typing import Any
 
 from exporter.base.ports import free_listen_port, free_port_range
 from exporter.config.settings import ServeConfig
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine, SimOptions, SimReply
 from exporter.sim.frontend import SimFrontend
 from tests.harness.service import Service, serve_config, start_service
 from tests.harness.waiting import eventually
@@ -30,12 +30,13 @@ class IndexRecordingEngine(SimEngine):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.client_indices: list[int] = []
+        self.on_request = self._record
 
-    async def _dispatch(
+    def _record(
         self, client_index: int, call_id: int, method: str, args: list[Any]
-    ) -> None:
+    ) -> SimReply | None:
         self.client_indices.append(client_index)
-        await super()._dispatch(client_index, call_id, method, args)
+        return None
 
 
 @dataclass

@@ -22,7 +22,7 @@ from exporter.base.ports import free_listen_port
 from exporter.client.engine_core import EngineCoreClient
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine, SimOptions, SimReply
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.app import ADMIN_URL_KEY, create_app
 from exporter.web.httpguard import guarded_runner
@@ -61,17 +61,20 @@ def make_config(engine_count: int, **overrides: Any) -> ServeConfig:
 
 
 class RecordingSimEngine(SimEngine):
-    """A simulated engine that also remembers every utility call's method and arguments."""
+    """A simulated engine that also remembers every utility call's method and arguments (through
+    its ``on_request`` hook; a hook given to the constructor still runs after the recording)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.received: list[tuple[str, list[Any]]] = []
+        self._then = self.on_request
+        self.on_request = self._record
 
-    async def _dispatch(
+    def _record(
         self, client_index: int, call_id: int, method: str, args: list[Any]
-    ) -> None:
+    ) -> SimReply | None:
         self.received.append((method, list(args)))
-        await super()._dispatch(client_index, call_id, method, args)
+        return self._then(client_index, call_id, method, args) if self._then else None
 
     def args_of(self, method: str) -> list[list[Any]]:
         return [args for m, args in self.received if m == method]

@@ -1,6 +1,6 @@
 """Which connection to an engine's output address is the engine's own: the pure decisions behind
 believing an ENGINE_CORE_DEAD at once and marking an engine lost (no sockets here; the same
-rules over real sockets: tests/resilience)."""
+rules over real sockets: tests/integration/resilience)."""
 
 from __future__ import annotations
 

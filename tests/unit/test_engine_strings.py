@@ -15,8 +15,9 @@ from exporter.client.http_replies import (
     interpret,
     parse_inconsistent,
 )
+from exporter.control.parsing import parse_reset
 from exporter.control.poller import Poller
-from exporter.fleetstate.aggregate import aggregate_all_true
+from exporter.control.verdicts import classify
 from exporter.metrics.stats import Stats
 from exporter.protocol import decode_engine_outputs, encode_utility_reply
 from exporter.protocol.strings import (
@@ -144,7 +145,7 @@ def test_values_of_an_inconsistent_http_answer_are_bounded() -> None:
 
 def test_an_unexpected_long_result_is_a_bounded_error() -> None:
     outcome = EngineOutcome("0", Outcome.OK, list(range(100_000)))
-    verdict = aggregate_all_true("reset_prefix_cache", [outcome])
+    verdict = classify(parse_reset({}, b""), [outcome])
     (failure,) = verdict.failures
     assert failure.error is not None and fits(failure.error) and is_cut(failure.error)
 

@@ -1,7 +1,8 @@
 """The socket-free tier: poller, metrics, status and admin over the in-memory ``FakeFleet``.
 
 These run in milliseconds (``make unit``); the same behaviours are proved over real sockets in
-tests/resilience, tests/service, tests/relay and tests/http_mode.
+tests/integration/resilience, tests/integration/service, tests/integration/relay and
+tests/integration/http.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from exporter.base.tasks import supervise
 from exporter.client.fake import FakeFleet, answers
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.config.settings import resolve_config
-from exporter.control.reset import parse_reset
+from exporter.control.parsing import parse_reset
 from exporter.control.runtime import Exporter
 from exporter.fleetstate.aggregate import FleetState
 from exporter.web.admin import AdminController
-from exporter.web.app import status_json
+from exporter.web.statusdoc import status_json
 from tests.harness.scrape import metric_value, parse_metrics
 
 
@@ -104,7 +105,7 @@ async def test_status_document_names_every_engine() -> None:
     doc = status_json(snap, exporter.config)
     assert doc["aggregate"]["is_sleeping"]["state"] == "inconsistent"
     assert [e["engine"] for e in doc["engines"]] == ["0", "1"]
-    assert doc["engines"][1]["value"] is True
+    assert doc["engines"][1]["invariants"]["is_sleeping"]["value"] is True
 
 
 def reset_fleet(results: dict[str, Any]) -> FakeFleet:
@@ -116,12 +117,18 @@ def reset_fleet(results: dict[str, Any]) -> FakeFleet:
     return FakeFleet(handler, engines=tuple(results))
 
 
+async def run_reset(admin: AdminController) -> tuple[int, dict[str, Any]]:
+    """The prefix-cache reset as the admin listener runs it once its guards let it through."""
+    result = await admin.runner.run(parse_reset({}, b""))
+    return result.status, result.body
+
+
 async def test_admin_reset_is_an_and_with_reasons_and_the_scrape_is_never_stale() -> None:
     timeout = EngineOutcome("2", Outcome.TIMEOUT, error="no reply within 1s")
     exporter = make_exporter(reset_fleet({"0": True, "1": False, "2": timeout}))
     admin = AdminController(exporter, audit=lambda record: None)
     before = scrape(exporter)
-    status, body = await admin._reset(parse_reset({}, b""))
+    status, body = await run_reset(admin)
     assert status == 502 and body["outcome"] == "partial_failure"
     assert body["failed_engines"] == [1, 2]
     reasons = {e["engine"]: e["reason"] for e in body["engines"]}
@@ -144,7 +151,7 @@ async def test_admin_reset_with_no_engine_connected_is_503() -> None:
     fleet.disconnected = {"0", "1"}
     exporter = make_exporter(fleet)
     admin = AdminController(exporter, audit=lambda record: None)
-    status, body = await admin._reset(parse_reset({}, b""))
+    status, body = await run_reset(admin)
     assert status == 503 and body["error"] == "no engine is connected"
     assert fleet.calls == []
 

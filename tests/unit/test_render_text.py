@@ -36,7 +36,7 @@ async def test_render_text_equals_generate_latest() -> None:
     stats: Stats = exporter.stats
     stats.record_reset("partial_failure", [("1", "refused"), ("1", "refused")], 0.3, 1.5e9)
     stats.record_admin_request("reset_prefix_cache", 502)
-    exporter.errors.record("not_msgpack", "x")
+    exporter.faults.record("not_msgpack", "x")
     expected = generate_latest(exporter.registry)
     assert render_text(exporter.collector.families()) == expected
     assert b'model_name="m\\"x\\\\y\\nz"' in expected

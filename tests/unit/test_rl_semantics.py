@@ -1,7 +1,7 @@
 """RL invariants, socket-free: parsing, verdicts and the poller's "unsupported" memory.
 
-Each behaviour is proved over real sockets in tests/rl/; here the semantics are pinned down
-without them (``FakeFleet``, pure functions).
+Each behaviour is proved over real sockets in tests/integration/rl/; here the semantics are
+pinned down without them (``FakeFleet``, pure functions).
 """
 
 from __future__ import annotations
@@ -13,18 +13,11 @@ import pytest
 from exporter.client.fake import FakeFleet
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.config.settings import resolve_config
-from exporter.control.actions import (
-    ACTIONS,
-    ActionRequest,
-    BadRequest,
-    Check,
-    classify,
-    parse_weight_version,
-    run_action,
-    run_verify_weights,
-)
+from exporter.control.actions import ACTIONS, run_action, run_verify_weights
 from exporter.control.gate import GateRequestError, Sample, evaluate, parse_conditions
+from exporter.control.parsing import ActionRequest, BadRequest, Check, parse_weight_version
 from exporter.control.runtime import Exporter
+from exporter.control.verdicts import classify
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.checksums import compare, comparison_key, flatten
 from exporter.fleetstate.invariants import SLEEPING, WEIGHT_VERSION
@@ -246,7 +239,8 @@ async def test_actions_are_verified_by_reading_the_state_back() -> None:
 
 async def test_weights_are_compared_across_ranks() -> None:
     fleet = FakeFleet(Engines(), engines=("0", "1", "2"))
-    result = await run_verify_weights(fleet, timeout_s=1.0)
+    request = ACTIONS["verify_weights"].parse({}, b"")
+    result = await run_verify_weights(fleet, request, timeout_s=1.0)
     assert result.status == 502
     by_engine = {e["engine"]: e for e in result.body["engines"]}
     assert by_engine[2]["reason"] == "mismatch"

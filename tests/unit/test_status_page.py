@@ -1,4 +1,4 @@
-"""Issue 17 (socket-free): the /status document's schema, the history ring, and the page's
+"""The /status document's schema (docs/status.md), the history ring, and the page's
 escaping and Content-Security-Policy, over the in-memory ``FakeFleet``."""
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ async def test_document_validates_before_and_after_polls() -> None:
     }
     assert doc["counters"]["inconsistencies"]["get_weight_version"] == 1
     assert doc["history"]["entries"][0]["states"]["get_weight_version"] == "inconsistent"
-    # The pre-schema keys stay, equal to their new homes.
-    assert doc["is_scheduler_paused"] == doc["aggregate"]["is_scheduler_paused"]
-    assert doc["consistent"] is True
+    # The pre-schema keys are gone: each invariant lives in "aggregate" and "invariants" only.
+    assert not {"consistent", "is_scheduler_paused"} & set(doc)
+    pre_schema = {"outcome", "value", "paused", "error", "values", "weight_version"}
+    assert not [e["engine"] for e in doc["engines"] if pre_schema & set(e)]
 
 
 async def test_unsupported_and_silent_engines_are_named() -> None:

@@ -2,12 +2,9 @@
 
 One input ROUTER (``ROUTER_MANDATORY``: an unroutable send is an error, not a silent drop;
 ``ROUTER_HANDOVER``: a restarted engine takes its identity over) and one output PULL bound on a
-separate address *per engine*: ENGINE_CORE_DEAD carries no engine index, so the address an
-engine's connection came in on is what makes a death attributable. One socket monitor on that
-PULL reports each connection's file descriptor and local address when it is accepted and when
-it closes (a SIGKILLed engine sends nothing); ``ZMQ_SRCFD`` ties every message to its
-connection, so every message is attributed to the engine whose address it arrived on. One
-socket for every engine (not one each) is what vLLM's front end does: one wake-up and one
+separate address *per engine*, read with its connection monitor by ``OutputReader``
+(``output``: which engine every message and every closed connection belongs to). One socket
+for every engine (not one each) is what vLLM's front end does: one wake-up and one
 ``ZMQ_EVENTS`` probe per batch of replies instead of per engine (docs/scale.md).
 
 These sockets are plain pyzmq sockets driven by ``loop.add_reader`` on their file descriptors.
@@ -19,6 +16,7 @@ frames per engine lifetime, stays on ``zmq.asyncio`` (``HandshakeSocket``).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -28,7 +26,6 @@ from typing import Any, cast
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.transport import sockets
@@ -36,40 +33,33 @@ from exporter.client.transport.events import TransportListener
 from exporter.client.transport.handshake_socket import HandshakeSocket
 from exporter.client.transport.links import (
     DRAIN_BATCH,
-    MAX_FRAME_BYTES,
     NOBLOCK,
     SNDMORE_NOBLOCK,
     EngineLink,
     FleetShape,
     Phase,
-    engine_connection_closed,
-    is_engine_connection,
     port_of,
     recv_message,
-    recv_message_fd,
     send_frame,
 )
-from exporter.client.transport.linkstate import CALLABLE, EngineLinks
+from exporter.client.transport.linkstate import CALLABLE
+from exporter.client.transport.output import OutputReader
 from exporter.client.transport.state_check import StateExpectation
 from exporter.client.transport.state_file import StateFile, StateSnapshot, records_of
 from exporter.error import EngineUnavailable, ProtocolError
-from exporter.protocol import (
-    ENGINE_CORE_DEAD,
-    UTILITY_REQUEST_TYPE,
-    RegistrationInfo,
-    decode_engine_outputs,
-    decode_registration,
-)
+from exporter.protocol import UTILITY_REQUEST_TYPE, RegistrationInfo, decode_registration
 
 log = logging.getLogger("exporter.transport")
 
 
-class EngineDataPlane(EngineLinks):
+class EngineDataPlane(OutputReader):
     """Input and output sockets of every expected engine.
 
-    Subclasses run the handshake (``_start_control`` / ``_on_handshake_frames``) and move links
-    through ``Phase``; this class routes utility frames and reports outputs, deaths and
-    (re)connections to the listener.
+    Each attach mode implements the abstract hooks: it runs the handshake (``_start_control`` /
+    ``_on_handshake_frames``), says which engines it cannot serve (``_refusal``) and what its
+    state file records (``_state_extra``), and moves links through ``Phase``. This class binds
+    the sockets, routes utility frames and reads registrations; ``OutputReader`` handles
+    outputs, deaths and (re)connections.
     """
 
     #: ZMQ sockets and file descriptors per engine at their peak (every engine handshaking at
@@ -87,34 +77,22 @@ class EngineDataPlane(EngineLinks):
         self,
         shape: FleetShape,
         listener: TransportListener,
-        errors: ProtocolErrorTally,
+        faults: ProtocolErrorTally,
         *,
         context: zmq.asyncio.Context | None = None,
         state_writes: Counter[str] | None = None,
     ) -> None:
-        super().__init__(shape)
-        self._listener = listener
-        self._errors = errors
+        super().__init__(shape, listener, faults)
         self._own_context = context is None
         self._ctx = context or zmq.asyncio.Context()
         self._input: zmq.Socket[bytes] | None = None
-        #: One PULL bound on every engine's output address, and its connection monitor.
-        self._output: zmq.Socket[bytes] | None = None
-        self._output_monitor: zmq.Socket[bytes] | None = None
-        #: Output port → engine (each engine has its own), live connection fd → engine.
-        self._by_port: dict[int, EngineLink] = {}
-        self._by_fd: dict[int, EngineLink] = {}
-        #: Closed connections' engines, until the descriptor number is reused (bounded by the
-        #: process's descriptor limit).
-        self._closed_by_fd: dict[int, EngineLink] = {}
         self._readers: list[int] = []
         self._input_check_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handshake_side = HandshakeSocket(self._ctx, errors, self._on_handshake_frames)
+        self._handshake_side = HandshakeSocket(self._ctx, faults, self._on_handshake_frames)
         self.input_address = ""
         #: State-file writes by outcome (``vllm_dp_state_file_writes_total``).
         self.state_writes: Counter[str] = state_writes if state_writes is not None else Counter()
-        self._state = StateFile(shape.state_file, self._state_snapshot, errors, self.state_writes)
+        self._state = StateFile(shape.state_file, self._state_snapshot, faults, self.state_writes)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -188,8 +166,9 @@ class EngineDataPlane(EngineLinks):
             # A relay's upstream socket closed after READY may still be flushing it.
             await asyncio.to_thread(self._ctx.term)
 
+    @abc.abstractmethod
     async def _start_control(self) -> None:
-        """Bind the handshake side (subclasses call ``_open_handshake``)."""
+        """Start the mode's handshake side (``_open_handshake``) once the data plane is bound."""
 
     async def _close_control(self) -> None:
         """Stop the handshake side."""
@@ -208,12 +187,13 @@ class EngineDataPlane(EngineLinks):
     def _handshake(self) -> zmq.asyncio.Socket | None:
         return self._handshake_side.sock
 
+    @abc.abstractmethod
     async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
-        """One message on the handshake ROUTER (subclasses)."""
+        """One message on the handshake ROUTER: the mode's handshake."""
 
+    @abc.abstractmethod
     def _refusal(self, link: EngineLink) -> str | None:
-        """Hook: why this attach mode cannot serve a handshaken engine (None: it can)."""
-        return None
+        """Why this attach mode cannot serve a handshaken engine (None: it can)."""
 
     def _maybe_up(self, link: EngineLink) -> None:
         """READY and the registration travel on different connections: up when both came."""
@@ -223,7 +203,7 @@ class EngineDataPlane(EngineLinks):
         if reason is not None:
             link.refused = reason
             self._set_phase(link, Phase.REFUSED)
-            self._errors.record("engine_refused", f"engine {link.engine_index}: {reason}")
+            self._faults.record("engine_refused", f"engine {link.engine_index}: {reason}")
             log.error("engine %d refused: %s", link.engine_index, reason)
             return
         link.refused = None
@@ -234,9 +214,9 @@ class EngineDataPlane(EngineLinks):
 
     # -- the state file ----------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _state_extra(self) -> dict[str, str]:
-        """Hook: addresses the state file records beside the engines (for the operator)."""
-        return {}
+        """Addresses the state file records beside the engines (for the operator)."""
 
     def _write_state(self) -> None:
         """Remember every engine with a slot: a restarted exporter on the same fixed addresses
@@ -308,9 +288,9 @@ class EngineDataPlane(EngineLinks):
             try:
                 self._on_input_frames(frames)
             except ProtocolError as exc:
-                self._errors.record(exc.kind, f"input socket: {exc}")
+                self._faults.record(exc.kind, f"input socket: {exc}")
             except Exception as exc:  # a bug must not stop the reader: count it, go on
-                self._errors.task_failed("input_reader", exc)
+                self._faults.task_failed("input_reader", exc)
         self._schedule_input_drain()  # more may be queued: continue next turn
 
     def _on_input_frames(self, frames: list[bytes]) -> None:
@@ -332,125 +312,5 @@ class EngineDataPlane(EngineLinks):
             link.registration = decode_registration(payload)
         except ProtocolError as exc:
             link.registration = RegistrationInfo()
-            self._errors.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
+            self._faults.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
         self._maybe_up(link)
-
-    def _drain_output(self, woken: bool = False) -> None:
-        """Handle what the output socket has queued (``woken``: its FD signalled, so the first
-        receive skips the ``ZMQ_EVENTS`` probe), each message as from the engine whose address
-        its connection came in on (``_sender``)."""
-        sock = self._output
-        probe = not woken
-        for _ in range(DRAIN_BATCH):
-            received = recv_message_fd(sock, probe=probe) if sock is not None else None
-            probe = True
-            if received is None:
-                return
-            frames, fd = received
-            try:
-                self._on_output_frames(self._sender(fd), frames, fd)
-            except ProtocolError as exc:
-                self._errors.record(exc.kind, f"output socket: {exc}")
-            except Exception as exc:  # a bug must not stop the reader: count it, go on
-                self._errors.task_failed("output_reader", exc)
-        assert self._loop is not None
-        self._loop.call_soon(self._drain_output)  # a flood: yield, then continue
-
-    def _sender(self, fd: int) -> EngineLink:
-        """The engine whose output address connection ``fd`` came in on. libzmq reports a
-        connection to the monitor before any of its messages, so a connection not known yet
-        first reads the monitor; a connection closed since the message was queued is still
-        attributed (``_closed_by_fd``, until its descriptor number is reused)."""
-        link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
-        if link is None:
-            self._drain_monitor(limit=None)
-            link = self._by_fd.get(fd) or self._closed_by_fd.get(fd)
-        if link is None:
-            raise ProtocolError("unknown_connection", f"a message from unknown connection {fd}")
-        return link
-
-    def _on_output_frames(self, link: EngineLink, frames: list[bytes], fd: int) -> None:
-        first = frames[0]
-        if len(first) > MAX_FRAME_BYTES:
-            raise ProtocolError(
-                "oversized_frame", f"engine {link.engine_index}: {len(first)} byte output frame"
-            )
-        if len(frames) == 1 and first == ENGINE_CORE_DEAD:  # exactly one frame, as vLLM checks
-            self._on_engine_core_dead(link, fd)
-            return
-        if len(frames) > 1:
-            self._errors.record(
-                "extra_frames", f"engine {link.engine_index}: {len(frames)} output frames"
-            )
-        output = decode_engine_outputs(first)
-        if output.engine_index != link.engine_index:
-            raise ProtocolError(
-                "wrong_engine_index",
-                f"output address of engine {link.engine_index} carried engine_index "
-                f"{output.engine_index}",
-            )
-        if link.phase is Phase.RESTORED:
-            # A restarted exporter on fixed addresses, or a reconnection: the engine is back.
-            log.info("engine %d reattached without a handshake", link.engine_index)
-            self._set_phase(link, Phase.UP)
-            self._listener.on_engine_up(link.engine_index)
-        if self._listener.on_output(link.engine_index, output) and fd >= 0:
-            link.engine_fd = fd  # it answered one of our calls: this connection is the engine
-
-    def _on_engine_core_dead(self, link: EngineLink, fd: int) -> None:
-        """Believe ENGINE_CORE_DEAD at once only from the engine's own connection
-        (``is_engine_connection``); a claim from elsewhere goes to the listener to confirm."""
-        if link.phase not in CALLABLE:
-            return
-        if is_engine_connection(link, fd):
-            self.confirm_dead(link.engine_index)
-        else:
-            self._listener.on_death_claimed(link.engine_index)
-
-    def _drain_monitor(self, limit: int | None = DRAIN_BATCH) -> None:
-        """An engine's output connection closing means its process died or restarted: the
-        engine is LOST (not connected, its calls in flight fail at once instead of at their
-        timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
-        Which closes count: ``engine_connection_closed``. ``limit``: events handled before
-        yielding (None: until none is queued, to judge a message on the current mapping)."""
-        sock = self._output_monitor
-        handled = 0
-        while limit is None or handled < limit:
-            frames = recv_message(sock) if sock is not None else None
-            if frames is None:
-                return
-            handled += 1
-            try:
-                event = parse_monitor_message(frames)
-                kind, fd = int(event.get("event", 0)), int(event.get("value", -1))
-                port = port_of(bytes(event.get("endpoint", b"")).decode("ascii", "replace"))
-            except (ValueError, IndexError, TypeError):  # a malformed event is not actionable
-                continue
-            link = self._by_port.get(port)
-            if link is None:
-                continue
-            if kind == zmq.EVENT_ACCEPTED:
-                self._by_fd[fd] = link
-                self._closed_by_fd.pop(fd, None)
-            elif self._by_fd.get(fd) is link:
-                del self._by_fd[fd]
-                self._closed_by_fd[fd] = link  # its last messages may still be queued
-            self._on_connection_event(link, kind, fd)
-        assert self._loop is not None
-        self._loop.call_soon(self._drain_monitor)
-
-    def _on_connection_event(self, link: EngineLink, event: int, fd: int) -> None:
-        if event == zmq.EVENT_ACCEPTED:
-            link.live_peers.add(fd)
-            if link.phase is Phase.LOST:
-                self._set_phase(link, Phase.RESTORED)  # UP again once it answers
-            return
-        link.live_peers.discard(fd)
-        if not engine_connection_closed(link, fd):
-            log.info("engine %d: a peer of its output socket hung up", link.engine_index)
-            return
-        link.engine_fd = None
-        if link.phase in CALLABLE:
-            log.warning("engine %d: output connection closed", link.engine_index)
-            self._set_phase(link, Phase.LOST)
-            self._listener.on_engine_down(link.engine_index, "disconnected")

@@ -1,4 +1,4 @@
-"""What the ZMQ transports report upward, and their read-only per-engine view."""
+"""What the ZMQ transports report upward, and the read-only copy of each engine's link."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ class TransportListener(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class EngineLinkView:
-    """A read-only view of one engine's link state, for status pages and the client."""
+class LinkSnapshot:
+    """One engine's link state copied at one moment (read-only), for status pages and the
+    client: the live ``EngineLink`` stays inside the transport."""
 
     engine_index: int
     connected: bool

@@ -26,10 +26,10 @@ OnHandshakeFrames = Callable[[zmq.asyncio.Socket, list[bytes]], Awaitable[None]]
 
 class HandshakeSocket:
     def __init__(
-        self, ctx: zmq.asyncio.Context, errors: ProtocolErrorTally, on_frames: OnHandshakeFrames
+        self, ctx: zmq.asyncio.Context, faults: ProtocolErrorTally, on_frames: OnHandshakeFrames
     ) -> None:
         self._ctx = ctx
-        self._errors = errors
+        self._faults = faults
         self._on_frames = on_frames
         self.sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -44,7 +44,7 @@ class HandshakeSocket:
             sock.close(linger=0)
             raise
         self.sock = sock
-        self._task = supervise("handshake", lambda: self._loop(sock), self._errors)
+        self._task = supervise("handshake", lambda: self._loop(sock), self._faults)
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -59,4 +59,4 @@ class HandshakeSocket:
             try:
                 await self._on_frames(sock, frames)
             except ProtocolError as exc:
-                self._errors.record(exc.kind, f"handshake socket: {exc}")
+                self._faults.record(exc.kind, f"handshake socket: {exc}")

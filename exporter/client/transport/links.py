@@ -52,11 +52,11 @@ def recv_message_fd(
     ZMQ's FD is edge-triggered: a reader drains until nothing is queued (``ZMQ_EVENTS`` without
     POLLIN, or EAGAIN, both of which re-arm the FD), or reschedules itself when it stops early.
     With ``probe`` (the default) ``ZMQ_EVENTS`` is asked before the receive, because an EAGAIN
-    costs pyzmq an exception object (``zmq.Again``, about 7 µs); a reader woken by its FD passes
-    ``probe=False`` for its first receive, which then almost always finds a message and saves
-    the ``ZMQ_EVENTS`` call (about 3 µs: a ``poll`` system call in libzmq plus pyzmq's option
-    lookup; ``python -m bench.hotpath``). Frames are received without copy so that ``more``
-    needs no ZMQ_RCVMORE getsockopt."""
+    costs pyzmq an exception object (``zmq.Again``, dearer than the probe); a reader woken by its
+    FD passes ``probe=False`` for its first receive, which then almost always finds a message and
+    saves the ``ZMQ_EVENTS`` call (a ``poll`` system call in libzmq plus pyzmq's option lookup).
+    What each costs: ``python -m bench.hotpath``, docs/scale.md. Frames are received without
+    copy so that ``more`` needs no ZMQ_RCVMORE getsockopt."""
     if probe and not get_option(sock, EVENTS) & POLLIN:
         return None
     try:

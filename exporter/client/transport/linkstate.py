@@ -1,6 +1,6 @@
 """Every expected engine's link and what the layers above may ask of it (no sockets here).
 
-``EngineLinks`` is the link-state half of the data plane: which engines exist, their ``Phase``,
+``LinkTable`` is the link-state half of the data plane: which engines exist, their ``Phase``,
 whether the exporter may call them (and why not), and waiting for handshakes.
 ``EngineDataPlane`` adds the sockets.
 """
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 
-from exporter.client.transport.events import EngineLinkView
+from exporter.client.transport.events import LinkSnapshot
 from exporter.client.transport.links import EngineLink, FleetShape, Phase
 from exporter.error import EngineUnavailable, HandshakeError
 from exporter.protocol import engine_identity
@@ -21,7 +21,7 @@ from exporter.protocol.utility import MAX_CLIENT_INDEX
 CALLABLE = (Phase.UP, Phase.RESTORED)
 
 
-class EngineLinks:
+class LinkTable:
     """The links of ``shape``'s engines, by index and by ZMQ identity."""
 
     def __init__(self, shape: FleetShape) -> None:
@@ -38,9 +38,9 @@ class EngineLinks:
     def engine_indices(self) -> list[int]:
         return list(self._links)
 
-    def link_views(self) -> list[EngineLinkView]:
+    def link_snapshots(self) -> list[LinkSnapshot]:
         return [
-            EngineLinkView(
+            LinkSnapshot(
                 engine_index=link.engine_index,
                 connected=self._connected(link),
                 dead=link.phase is Phase.DEAD,

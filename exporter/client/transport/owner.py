@@ -45,12 +45,12 @@ class OwnerTransport(EngineDataPlane):
         self,
         config: OwnerConfig,
         listener: TransportListener,
-        errors: ProtocolErrorTally,
+        faults: ProtocolErrorTally,
         *,
         context: zmq.asyncio.Context | None = None,
         state_writes: Counter[str] | None = None,
     ) -> None:
-        super().__init__(config, listener, errors, context=context, state_writes=state_writes)
+        super().__init__(config, listener, faults, context=context, state_writes=state_writes)
         self.config = config
 
     async def _start_control(self) -> None:
@@ -104,6 +104,10 @@ class OwnerTransport(EngineDataPlane):
                 "front end"
             )
         return None
+
+    def _state_extra(self) -> dict[str, str]:
+        """Nothing beside the engines: owner mode's file has no front end to name."""
+        return {}
 
     def _answer_hello(self, sock: zmq.asyncio.Socket, link: EngineLink) -> None:
         if link.phase is Phase.INIT_SENT:

@@ -112,13 +112,13 @@ class RelayTransport(EngineDataPlane):
         self,
         config: RelayConfig,
         listener: TransportListener,
-        errors: ProtocolErrorTally,
+        faults: ProtocolErrorTally,
         handshakes: Counter[str] | None = None,
         *,
         context: zmq.asyncio.Context | None = None,
         state_writes: Counter[str] | None = None,
     ) -> None:
-        super().__init__(config, listener, errors, context=context, state_writes=state_writes)
+        super().__init__(config, listener, faults, context=context, state_writes=state_writes)
         self.config = config
         self.handshake_results: Counter[str] = handshakes if handshakes is not None else Counter()
         self._closed = False
@@ -200,6 +200,11 @@ class RelayTransport(EngineDataPlane):
                 "unexpected_status", f"engine {link.engine_index} sent status {message.status!r}"
             )
 
+    def _refusal(self, link: EngineLink) -> str | None:
+        """None: relay mode serves every engine the front end accepted, coordinated (MoE) DP
+        engines included (the front end's INIT carries the DP group settings they need)."""
+        return None
+
     def _drop_upstream(self, link: RelayLink, linger_ms: int = 0) -> None:
         task, link.upstream_task = link.upstream_task, None
         if task is not None and task is not asyncio.current_task():
@@ -239,7 +244,7 @@ class RelayTransport(EngineDataPlane):
         link.upstream_task = asyncio.get_running_loop().create_task(
             self._upstream_loop(link, upstream, link.attempt)
         )
-        watch(link.upstream_task, "relay_upstream", self._errors)
+        watch(link.upstream_task, "relay_upstream", self._faults)
         log.info("engine %d: HELLO relayed to the front end", link.engine_index)
 
     async def _upstream_loop(self, link: RelayLink, sock: zmq.asyncio.Socket, attempt: int) -> None:
@@ -262,7 +267,7 @@ class RelayTransport(EngineDataPlane):
             self._forward_init(link, frames)
             while True:
                 frames = await sock.recv_multipart()
-                self._errors.record(
+                self._faults.record(
                     "unexpected_upstream_message",
                     f"front end sent engine {link.engine_index} another {len(frames)}-frame "
                     "message after INIT; dropped",
@@ -283,19 +288,19 @@ class RelayTransport(EngineDataPlane):
                     frames[0], self.input_address, link.output_address
                 )
             except ProtocolError as exc:
-                self._errors.record(exc.kind, f"engine {link.engine_index} INIT: {exc}")
+                self._faults.record(exc.kind, f"engine {link.engine_index} INIT: {exc}")
             else:
                 if slot <= MAX_CLIENT_INDEX:
                     link.slot = slot
                     forwarded = [new_init]
                 else:  # a slot the exporter would never send: do not take one
-                    self._errors.record(
+                    self._faults.record(
                         "init_too_many_clients",
                         f"engine {link.engine_index} INIT lists {slot} clients; the exporter's "
                         f"slot would be beyond {MAX_CLIENT_INDEX}",
                     )
         else:
-            self._errors.record(
+            self._faults.record(
                 "wrong_frame_count", f"front end INIT for engine {link.engine_index}: {len(frames)}"
             )
         if link.slot is None:

@@ -138,11 +138,11 @@ class StateWriter:
     runs are coalesced into the next one.
 
     Each write serialises every engine and fsyncs: done synchronously on every handshake step,
-    a 1,024-engine relay start-up spent most of its minutes blocked in thousands of them. Now a
-    change reaches the disk within the write in flight plus one write (milliseconds), and
-    ``flush`` (at shutdown) waits for the last one. Every write is counted in ``outcomes``
-    (``ok`` / ``failed``); a failure is logged once until the reason changes or a write works
-    again (a full disk would otherwise log on every handshake step)."""
+    they blocked the event loop for most of a large relay fleet's start-up (docs/scale.md,
+    ``python -m bench.scale``). Now a change reaches the disk within the write in flight plus
+    one write, and ``flush`` (at shutdown) waits for the last one. Every write is counted in
+    ``outcomes`` (``ok`` / ``failed``); a failure is logged once until the reason changes or a
+    write works again (a full disk would otherwise log on every handshake step)."""
 
     def __init__(
         self,
@@ -158,7 +158,7 @@ class StateWriter:
         self._failing: str | None = None
         self._dirty = False
         self._task: asyncio.Task[None] | None = None
-        #: Writes done (how much coalescing happened; tests/core/test_state_writer.py).
+        #: Writes done (how much coalescing happened; tests/unit/test_state_writer.py).
         self.writes = 0
 
     def request(self) -> None:

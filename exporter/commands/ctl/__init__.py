@@ -25,21 +25,17 @@ from exporter.commands.ctl.admin import (
     format_reset,
     runner,
 )
-from exporter.commands.ctl.common import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, clean, table
+from exporter.commands.ctl.common import EXIT_ERROR, clean
 from exporter.commands.ctl.status import add_status_command, format_status, run_status
 from exporter.commands.ctl.wait import add_wait_command, run_wait
 
 __all__ = [
-    "EXIT_ERROR",
-    "EXIT_OK",
-    "EXIT_PARTIAL",
     "add_ctl_arguments",
     "clean",
     "format_action",
     "format_reset",
     "format_status",
     "run_ctl",
-    "table",
 ]
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.commands.ctl.common import add_admin_options, clean, post_admin, table, text
+from exporter.protocol.utility import PAUSE_MODES
 
-PAUSE_MODES = ("abort", "wait", "keep")
 #: Default --timeout of a state-changing action: the exporter's call and its read-back may take
 #: --action-timeout (60 s) each.
 ACTION_TIMEOUT = 150.0

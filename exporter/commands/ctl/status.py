@@ -27,19 +27,34 @@ def add_status_command(sub: Any) -> None:
     status.add_argument("--timeout", type=float, default=10.0)
 
 
+def _engine_row(e: dict[str, Any]) -> list[str]:
+    """One engine: its ``is_sleeping`` answer and, while it is up, its weight version."""
+    invariants = e.get("invariants", {})
+    sleeping = invariants.get("is_sleeping", {})
+    weights = invariants.get("get_weight_version", {}).get("value") if e.get("up") else None
+    return [
+        text(e.get("engine")),
+        text(e.get("state")),
+        "up" if e.get("up") else "down",
+        text(sleeping.get("outcome")),
+        text(weights),
+        text(e.get("vllm_version")),
+        text(sleeping.get("error")),
+    ]
+
+
 def format_status(body: dict[str, Any]) -> str:
-    agg = body.get("aggregate", {}).get("is_sleeping", {})
+    aggregate = body.get("aggregate", {})
+    agg = aggregate.get("is_sleeping", {})
     state = agg.get("state", "unknown")
-    # schema_version 1 keeps every invariant in "aggregate"; older exporters put it beside.
-    paused_verdict = body.get("aggregate", {}).get("is_scheduler_paused")
-    paused = (paused_verdict or body.get("is_scheduler_paused", {})).get("value") is True
+    paused = aggregate.get("is_scheduler_paused", {}).get("value") is True
     asleep = "paused" if paused else "asleep"  # is_sleeping is also true while only paused
     verdict = state if state != "consistent" else (asleep if agg.get("value") else "awake")
     head = clean(
         f"fleet: {verdict}  engines connected {body.get('engines_connected')}/"
         f"{body.get('engines_expected')}  last poll #{body.get('last_poll', {}).get('number')}"
     )
-    weights = body.get("aggregate", {}).get("get_weight_version", {})
+    weights = aggregate.get("get_weight_version", {})
     if weights.get("state") == "consistent":
         head += f"  weights {clean(text(weights.get('value')))}"
     elif weights.get("state") == "inconsistent":
@@ -47,18 +62,7 @@ def format_status(body: dict[str, Any]) -> str:
     for verdict_body in (agg, weights):
         if verdict_body.get("error"):
             head += f"\n{clean(verdict_body['error'])}"
-    rows = [
-        [
-            text(e.get("engine")),
-            text(e.get("state")),
-            "up" if e.get("up") else "down",
-            text(e.get("outcome")),
-            text(e.get("weight_version")),
-            text(e.get("vllm_version")),
-            text(e.get("error")),
-        ]
-        for e in body.get("engines", [])
-    ]
+    rows = [_engine_row(e) for e in body.get("engines", [])]
     headers = ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "ERROR"]
     return head + "\n" + table(headers, rows)
 

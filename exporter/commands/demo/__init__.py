@@ -16,7 +16,7 @@ import sys
 from exporter.base import eventloop
 from exporter.commands.demo.common import DemoOptions, add_demo_arguments
 
-__all__ = ["DemoOptions", "add_demo_arguments", "run_demo", "run_demo_async"]
+__all__ = ["add_demo_arguments", "run_demo", "run_demo_async"]
 
 
 async def run_demo_async(options: DemoOptions, stop: asyncio.Event | None = None) -> int:

@@ -30,7 +30,7 @@ async def _report_frontend(frontend: SimFrontend, every_s: float = 30.0) -> None
     """Log now and then that the front end's own calls keep working beside the exporter's."""
     while True:
         await asyncio.sleep(every_s)
-        unknown = frontend.errors.counts.get("unknown_call_id", 0)
+        unknown = frontend.faults.counts.get("unknown_call_id", 0)
         log.info(
             "simulated front end: %d engines connected, %d is_sleeping answers on slot 0, "
             "%d unknown call ids",

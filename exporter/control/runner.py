@@ -1,0 +1,58 @@
+"""``ActionRunner``: the one path every admin action takes once the admin listener let it
+through: its spec's fan-out with its spec's timeout, then what every action leaves behind (its
+counters, the partial-failure warning, the last action on /status) and the fresher state it
+calls for (the gate's shared sample dropped, a poll soon)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from exporter.control.actions import ACTIONS, ActionResult, ActionSpec
+from exporter.control.parsing import ActionRequest
+from exporter.control.runtime import Exporter
+
+log = logging.getLogger("exporter.admin")
+
+
+class ActionRunner:
+    """Runs parsed admin requests on ``exporter``'s fleet."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    async def run(self, request: ActionRequest) -> ActionResult:
+        spec = ACTIONS[request.action]
+        exporter = self.exporter
+        result = await spec.fanout(
+            exporter.fleet, request, timeout_s=spec.timeout(exporter.config), shape=spec.answer
+        )
+        self._record(spec, result)
+        exporter.stats.record_last_action(request.action, result.status, result.body)
+        # The state may have changed: the gate's shared sample and the last poll are older.
+        exporter.gate.invalidate()
+        exporter.poller.poll_soon()
+        return result
+
+    def _record(self, spec: ActionSpec, result: ActionResult) -> None:
+        stats = self.exporter.stats
+        verdict = result.verdict
+        if verdict is None:  # no engine connected
+            if spec.counts_as_reset:
+                stats.record_reset("failure")
+            stats.record_action(spec.name, "failure")
+            return
+        failures = [(e.engine, e.reason or "") for e in verdict.failures]
+        if spec.counts_as_reset:
+            success_unix = time.time() if verdict.success else None
+            stats.record_reset(verdict.outcome, failures, result.duration_s, success_unix)
+        if "mismatches" in result.extra:
+            stats.record_weight_verification(result.extra["mismatches"], time.time())
+        stats.record_action(spec.name, verdict.outcome, failures)
+        if not verdict.success:
+            log.warning(
+                "%s %s: %s",
+                spec.log_name or spec.name,
+                verdict.outcome,
+                ", ".join(f"engine {e.engine} {e.reason}" for e in verdict.failures),
+            )

@@ -1,0 +1,201 @@
+"""Verdicts of admin actions and their answers (pure: outcomes in, verdict and JSON body out).
+
+"The engine returned" is not "the engine is in that state": ``classify`` turns an action's
+fan-out and (where the engine exposes the state) its read-back into one verdict with a reason
+per engine; ``classify_checksums`` compares ``verify_weights``' checksums across DP ranks. The
+answer's keys follow the action's ``AnswerShape``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.control.parsing import ActionRequest
+from exporter.fleetstate.aggregate import fleet_outcome
+from exporter.fleetstate.checksums import (
+    ChecksumShapeError,
+    EngineComparison,
+    compare,
+    comparison_json,
+    flatten,
+)
+from exporter.fleetstate.invariants import is_unsupported
+from exporter.protocol.strings import bound_text
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    engine: str
+    reason: str | None  # None: confirmed
+    error: str | None = None
+    #: The state read back afterwards (None: not read back or unknown).
+    state: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionVerdict:
+    action: str
+    engines: tuple[EngineResult, ...]
+    verified: bool  # a read-back was part of the check
+
+    @property
+    def failures(self) -> tuple[EngineResult, ...]:
+        return tuple(e for e in self.engines if e.reason is not None)
+
+    @property
+    def success(self) -> bool:
+        return bool(self.engines) and not self.failures
+
+    @property
+    def outcome(self) -> str:
+        return fleet_outcome(len(self.engines), len(self.failures))
+
+
+def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, str | None]:
+    """Why one engine's call did not succeed (reason, error); (None, None) when it did."""
+    if outcome.outcome is Outcome.OK:
+        if expect_true and outcome.value is not True:
+            if outcome.value is False:
+                return "refused", None
+            # Strings in the value are cut already; a long list of numbers is not.
+            return "failed", bound_text(f"unexpected result {outcome.value!r}")
+        return None, None
+    if outcome.outcome is Outcome.TIMEOUT:
+        return "timeout", outcome.error
+    if outcome.outcome is Outcome.DISCONNECTED:
+        return "disconnected", outcome.error
+    if is_unsupported(outcome):
+        return "unsupported", outcome.error
+    return "failed", outcome.error
+
+
+def classify(
+    request: ActionRequest,
+    calls: Sequence[EngineOutcome],
+    readback: Mapping[str, EngineOutcome] | None = None,
+) -> ActionVerdict:
+    """The call's outcomes and (when the action has a check) the state read back."""
+    results = []
+    check = request.check
+    for o in calls:
+        reason, error = call_reason(o, request.expect_true)
+        state = None
+        if check is not None and readback is not None:
+            back = readback.get(o.engine)
+            known = back is not None and back.ok and check.invariant.valid(back.value)
+            state = back.value if known and back is not None else None
+            if reason is None:
+                if not known:
+                    why = back.error if back is not None else "not read back"
+                    reason, error = "unverified", f"could not read {check.invariant.method}: {why}"
+                elif state != check.expected:
+                    reason = "unverified"
+                    error = (
+                        f"accepted, but {check.invariant.method} is {state!r}, "
+                        f"not {check.expected!r}"
+                    )
+        results.append(EngineResult(o.engine, reason, error, state))
+    return ActionVerdict(request.action, tuple(results), verified=check is not None)
+
+
+def classify_checksums(
+    action: str, calls: Sequence[EngineOutcome]
+) -> tuple[ActionVerdict, dict[str, EngineComparison]]:
+    """``compute_weight_checksums`` of every engine compared across DP ranks
+    (``exporter.fleetstate.checksums``): an engine that disagrees with the majority fails as
+    ``mismatch``. Also returns each compared engine's comparison."""
+    flat: dict[str, dict[str, str]] = {}
+    results: dict[str, EngineResult] = {}
+    for o in calls:
+        reason, error = call_reason(o, expect_true=False)
+        if reason is None:
+            try:
+                flat[o.engine] = flatten(o.value)
+            except ChecksumShapeError as exc:
+                reason, error = "failed", str(exc)
+        if reason is not None:
+            results[o.engine] = EngineResult(o.engine, reason, error)
+    comparisons = {c.engine: c for c in compare(flat)}
+    for engine, c in comparisons.items():
+        reason = None if c.agrees_with_majority else "mismatch"
+        error = None if reason is None else f"{c.mismatches} parameters differ from the majority"
+        results[engine] = EngineResult(engine, reason, error, c.mismatches)
+    verdict = ActionVerdict(action, tuple(results[o.engine] for o in calls), False)
+    return verdict, comparisons
+
+
+# -- answers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerShape:
+    """The keys of an action's answer. The prefix-cache reset's answer predates the other
+    actions and scripts read it as it is: it names neither the action nor whether a read-back
+    ran, and calls its parameters ``flags`` (its audit record too)."""
+
+    params_key: str = "params"
+    #: ``action`` and ``verified`` keys in the answer.
+    self_describing: bool = True
+
+
+ACTION_ANSWER = AnswerShape()
+RESET_ANSWER = AnswerShape(params_key="flags", self_describing=False)
+NO_ENGINE = "no engine is connected"
+
+
+def engine_id(label: str) -> int | str:
+    """Engine indices as numbers (the HTTP contract), HTTP target names as strings."""
+    return int(label) if label.isdigit() else label
+
+
+def no_engine_body(
+    action: str, params: Mapping[str, Any], shape: AnswerShape = ACTION_ANSWER
+) -> dict[str, Any]:
+    """The 503 answer: no engine was connected, nothing was sent."""
+    body: dict[str, Any] = {"action": action} if shape.self_describing else {}
+    body.update(success=False, outcome="failure", engines=[], failed_engines=[])
+    body[shape.params_key] = dict(params)
+    body["error"] = NO_ENGINE
+    return body
+
+
+def verdict_body(
+    verdict: ActionVerdict,
+    params: Mapping[str, Any],
+    duration_s: float,
+    shape: AnswerShape = ACTION_ANSWER,
+) -> dict[str, Any]:
+    """The 200/502 answer: the verdict per engine."""
+    engines = []
+    for e in verdict.engines:
+        entry: dict[str, Any] = {
+            "engine": engine_id(e.engine),
+            "ok": e.reason is None,
+            "reason": e.reason,
+            "error": e.error,
+        }
+        if verdict.verified:
+            entry["state"] = e.state
+        engines.append(entry)
+    body: dict[str, Any] = {"action": verdict.action} if shape.self_describing else {}
+    body.update(success=verdict.success, outcome=verdict.outcome)
+    if shape.self_describing:
+        body["verified"] = verdict.verified
+    body.update(engines=engines, failed_engines=[engine_id(e.engine) for e in verdict.failures])
+    body[shape.params_key] = dict(params)
+    body["duration_s"] = round(duration_s, 6)
+    return body
+
+
+def add_comparisons(
+    body: dict[str, Any], verdict: ActionVerdict, comparisons: Mapping[str, EngineComparison]
+) -> None:
+    """``verify_weights``' answer (``verdict_body`` of ``verdict``): each compared engine's
+    entry also carries its comparison."""
+    for entry, e in zip(body["engines"], verdict.engines, strict=True):
+        found = comparisons.get(e.engine)
+        if found is not None:
+            entry.update(comparison_json([found])[0], engine=engine_id(e.engine))

@@ -1,0 +1,266 @@
+"""The routes of the simulated vLLM API server (``exporter.sim.api_server``): the dev and RL
+handlers of ``docs/protocol.md`` F.4 with the status codes and bodies of F.4.1, over the server's
+in-process simulated engines.
+
+The engines are ``exporter.sim.state.EngineState`` state machines (no sockets), called through
+``EngineState.call`` (so their faults apply: missing methods, ignored state changes). The routes
+aggregate across them as vLLM's ``AsyncLLM`` does (E.1): ``is_sleeping``,
+``is_scheduler_paused`` (``GET /is_paused``) and ``get_weight_version`` (``GET /weight_info``)
+are consensus calls (HTTP 500 "Engines returned different is_sleeping results: [False, True]"
+when they disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs,
+``compute_weight_checksums`` is flattened over the engines, everything else fans out to every
+engine; one failing engine fails the call (the others still ran it).
+
+Routes (F.4): ``GET /version``; dev ``GET /is_sleeping``, ``POST /sleep``, ``/wake_up``,
+``/reset_prefix_cache``, ``/reset_mm_cache``, ``/reset_encoder_cache``; RL ``POST /pause``,
+``/resume``, ``GET /is_paused``, ``POST /update_weight_version``, ``GET /weight_info``, ``POST
+/weight_checker``. Bad query or body values raise ``_BadQuery`` (vLLM's 400 validation
+envelope); engine failures raise ``_EngineError`` (a 500), except on the RL routes that catch
+their exceptions and answer ``{"error": "Failed to ...: <text>"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from exporter.sim.api_wire import (
+    WEIGHT_CHECKER_ACTIONS,
+    _BadQuery,
+    _EngineError,
+    _HttpError,
+    _json,
+    _json_body,
+    _query_bool,
+    _query_mode,
+)
+from exporter.sim.engine import SimOptions
+from exporter.sim.state import Deferred, EngineState, UtilityFailure
+
+if TYPE_CHECKING:
+    from exporter.sim.api_server import ApiServerOptions
+
+ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_MISSING: Any = object()
+
+
+class ApiRoutes:
+    """The route handlers of one simulated API server, over its engines.
+
+    ``options`` are the server's options; ``engines[i]`` is engine i's state machine and
+    ``engine_options[i]`` its faults (``hang``, ``reply_delay_s``, read live). The server
+    (``SimApiServer``) sets all three.
+    """
+
+    options: ApiServerOptions
+    engine_options: list[SimOptions]
+    engines: list[EngineState]
+
+    # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
+
+    async def _engine_delay(self) -> None:
+        faults = self.engine_options
+        if any(f.hang for f in faults):
+            await asyncio.Event().wait()  # never answers; the client times out
+        delay = max((f.reply_delay_s for f in faults), default=0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _check_failures(self, method: str) -> None:
+        for i in range(len(self.engines)):
+            text = self.options.failures.get(i)
+            if text is not None:
+                raise _EngineError(f"Call to {method} method failed: {text}")
+
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """``call_utility_all_async``: ``method`` on every engine at once, results in engine
+        order; the first failure fails the call (the other engines still ran it)."""
+        self._dead()
+        await self._engine_delay()
+        self._check_failures(method)
+        results: list[Any] = []
+        failure: UtilityFailure | None = None
+        delay = 0.0
+        for engine in self.engines:
+            try:
+                result = engine.call(method, list(args))
+            except UtilityFailure as exc:
+                failure = failure or exc
+                result = None
+            if isinstance(result, Deferred):
+                delay = max(delay, result.delay_s)
+                result = result.value
+            results.append(result)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if failure is not None:
+            raise _EngineError(str(failure))
+        return results
+
+    async def _consensus(self, method: str) -> Any:
+        """``call_utility_consensus_async``: every engine must return the same value."""
+        results = await self._call_all(method)
+        if any(r != results[0] for r in results[1:]):
+            raise _EngineError(f"Engines returned different {method} results: {results!r}")
+        return results[0]
+
+    def _dead(self) -> None:
+        if self.options.engine_dead:
+            raise _EngineError(ENGINE_DEAD_MESSAGE)
+
+    # -- the route table -----------------------------------------------------------------------
+
+    def _dev_routes(self) -> list[tuple[str, str, Handler]]:
+        """The dev and RL routes (served only in dev mode), as (method, path, handler)."""
+        return [
+            ("GET", "/is_sleeping", self._is_sleeping),
+            ("POST", "/sleep", self._sleep),
+            ("POST", "/wake_up", self._wake_up),
+            ("POST", "/reset_prefix_cache", self._reset_prefix_cache),
+            ("POST", "/reset_mm_cache", self._reset_mm_cache),
+            ("POST", "/reset_encoder_cache", self._reset_encoder_cache),
+            ("POST", "/pause", self._pause),
+            ("POST", "/resume", self._resume),
+            ("GET", "/is_paused", self._is_paused),
+            ("POST", "/update_weight_version", self._update_weight_version),
+            ("GET", "/weight_info", self._weight_info),
+            ("POST", "/weight_checker", self._weight_checker),
+        ]
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json({"version": self.options.vllm_version})
+
+    # -- dev routes ---------------------------------------------------------------------------
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        return _json({"is_sleeping": await self._consensus("is_sleeping")})
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        raw_level = request.query.get("level", "1")
+        try:
+            level = int(raw_level)
+        except ValueError:
+            raise _BadQuery(
+                "level", raw_level, "int_parsing", "Input should be a valid integer"
+            ) from None
+        mode = _query_mode(request)
+        await self._call_all("sleep", level, mode)
+        return _json({"status": "sleeping", "level": level})
+
+    async def _wake_up(self, request: web.Request) -> web.Response:
+        tags = request.query.getall("tags", []) or None
+        awake = all(await self._call_all("wake_up", tags))
+        return _json({"status": "awake" if awake else "sleeping", "tags": tags})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        running = _query_bool(request, "reset_running_requests")
+        external = _query_bool(request, "reset_external")
+        success = all(await self._call_all("reset_prefix_cache", running, external))
+        if self.options.old_reset_response:
+            return web.Response(status=200)
+        return _json({"success": success})
+
+    async def _reset_mm_cache(self, request: web.Request) -> web.Response:
+        await self._call_all("reset_mm_cache")
+        return web.Response(status=200)
+
+    async def _reset_encoder_cache(self, request: web.Request) -> web.Response:
+        await self._call_all("reset_encoder_cache")
+        return web.Response(status=200)
+
+    # -- RL routes (entrypoints/rl/online/api_router.py) -----------------------------------
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """``pause_generation`` → ``pause_scheduler(mode, clear_cache)`` on every engine; the
+        route catches engine errors: 500 ``{"error": "Failed to pause generation: ..."}``."""
+        mode = _query_mode(request)
+        clear_cache = _query_bool(request, "clear_cache", default=True)
+        try:
+            await self._call_all("pause_scheduler", mode, clear_cache)
+        except _EngineError as exc:
+            return _json({"error": f"Failed to pause generation: {exc}"}, status=500)
+        return _json({"status": "paused"})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        try:
+            await self._call_all("resume_scheduler")
+        except _EngineError as exc:
+            return _json({"error": f"Failed to resume generation: {exc}"}, status=500)
+        return _json({"status": "resumed"})
+
+    async def _is_paused(self, request: web.Request) -> web.Response:
+        try:
+            paused = await self._consensus("is_scheduler_paused")
+        except _EngineError as exc:
+            return _json({"error": f"Failed to fetch pause status: {exc}"}, status=500)
+        return _json({"is_paused": paused})
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        new_version = body.get("new_version", _MISSING)
+        if new_version is _MISSING:
+            raise _BadQuery("new_version", body, "missing", "Field required", where="body")
+        if not isinstance(new_version, str):
+            raise _BadQuery(
+                "new_version",
+                new_version,
+                "string_type",
+                "Input should be a valid string",
+                where="body",
+            )
+        await self._call_all("set_weight_version", new_version)
+        return _json({"success": True, "new_version": new_version})
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return _json({"weight_version": await self._consensus("get_weight_version")})
+
+    async def _weight_checker(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        action = body.get("action", _MISSING)
+        if action is _MISSING:
+            raise _BadQuery("action", body, "missing", "Field required", where="body")
+        if action not in WEIGHT_CHECKER_ACTIONS:
+            raise _BadQuery(
+                "action",
+                action,
+                "literal_error",
+                "Input should be 'checksum', 'reset' or 'compare'",
+                where="body",
+            )
+        baseline = body.get("baseline")
+        if baseline is not None and not (
+            isinstance(baseline, dict) and all(isinstance(v, str) for v in baseline.values())
+        ):
+            raise _BadQuery(
+                "baseline",
+                baseline,
+                "dict_type",
+                "Input should be a valid dictionary",
+                where="body",
+            )
+        if action == "reset":
+            # collective_rpc("reset_weights"): the sim does not model random weights.
+            self._dead()
+            await self._engine_delay()
+            return _json({"status": "reset"})
+        if action == "compare" and baseline is None:
+            raise _HttpError(400, "action='compare' requires a 'baseline' object")
+        checksums: dict[str, str] = {}
+        for per_engine in await self._call_all("compute_weight_checksums"):
+            for worker in per_engine:
+                if duplicates := checksums.keys() & worker.keys():
+                    raise _HttpError(500, f"Duplicate weight checksum keys: {sorted(duplicates)}")
+                checksums.update(worker)
+        if action == "checksum":
+            return _json({"checksums": checksums})
+        assert baseline is not None
+        mismatches = sorted(
+            k for k in checksums.keys() | baseline.keys() if checksums.get(k) != baseline.get(k)
+        )
+        return _json({"match": not mismatches, "mismatches": mismatches})

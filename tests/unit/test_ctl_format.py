@@ -1,0 +1,30 @@
+"""The ctl tables tell paused apart from asleep (vLLM's is_sleeping is true for both)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.commands.ctl import format_status
+
+
+def _status(sleeping: bool, paused: bool | None) -> dict[str, Any]:
+    return {
+        "engines_connected": 1,
+        "engines_expected": 1,
+        "last_poll": {"number": 3},
+        "aggregate": {
+            "is_sleeping": {"state": "consistent", "value": sleeping},
+            "is_scheduler_paused": {
+                "state": "consistent" if paused is not None else "unknown",
+                "value": paused,
+            },
+        },
+        "engines": [{"engine": "0", "state": "paused" if paused else "asleep", "up": True}],
+    }
+
+
+def test_fleet_verdict_words() -> None:
+    assert format_status(_status(True, True)).startswith("fleet: paused ")
+    assert format_status(_status(True, False)).startswith("fleet: asleep ")
+    assert format_status(_status(True, None)).startswith("fleet: asleep ")
+    assert format_status(_status(False, False)).startswith("fleet: awake ")
