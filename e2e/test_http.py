@@ -146,8 +146,16 @@ def test_scenario5_a_target_with_running_requests_refuses_the_reset(
 ) -> None:
     exporter = deployment.exporter
     gens = start_long_generations(deployment.urls["0"], 2, LONG_TOKENS)
-    reply = exporter.reset()
-    assert not any(g.finished.is_set() for g in gens), "a generation ended before the reset"
+    # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
+    # generates, so the reset cannot race the end of the generations.
+    paused = web.post(f"{deployment.urls['0']}/pause?mode=keep&clear_cache=false")
+    assert paused.status == 200, paused.body
+    try:
+        reply = exporter.reset()
+        assert not any(g.finished.is_set() for g in gens), "a generation ended before the reset"
+    finally:
+        resumed = web.post(f"{deployment.urls['0']}/resume")
+    assert resumed.status == 200, resumed.body
     body = reply.json()
     assert reply.status == 502, body
     assert body["outcome"] == "partial_failure"

@@ -19,7 +19,7 @@ from e2e import web
 from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
 from e2e.ports import free_port, free_port_range
 from e2e.procs import Managed, ProcessGroup
-from e2e.traffic import complete, running_per_engine, start_long_generations
+from e2e.traffic import complete, start_long_generations
 from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
 
 pytestmark = pytest.mark.timeout(900)
@@ -166,22 +166,29 @@ def test_scenario4_reset_refused_by_engines_with_running_requests(
         "vllm_dp_prefix_cache_resets_total", outcome="failure"
     )
     gens = start_long_generations(api, 4, LONG_TOKENS)
-    # The front end's load balancer spreads 4 requests over both engines.
-    assert all(running_per_engine(api).get(e, 0) >= 1 for e in ("0", "1"))
-
-    # vLLM refuses a prefix-cache reset while running requests hold KV blocks.
-    refused = exporter.reset(reset_running_requests=False)
-    body = refused.json()
-    assert refused.status == 502, body
-    assert body["outcome"] == "failure" and body["failed_engines"] == [0, 1]
-    assert [(e["engine"], e["ok"], e["reason"]) for e in body["engines"]] == [
-        (0, False, "refused"),
-        (1, False, "refused"),
-    ]
-    ctl = exporter.ctl("reset-prefix-cache", "--admin-url", exporter.admin_url, "--json")
-    assert ctl.returncode == 2, (ctl.stdout, ctl.stderr)
-    assert {e["reason"] for e in json.loads(ctl.stdout)["engines"]} == {"refused"}
-    assert not any(g.finished.is_set() for g in gens), "a generation ended during the refusals"
+    # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
+    # generates, so the refusals below cannot race the end of the generations.
+    paused = web.post(f"{api}/pause?mode=keep&clear_cache=false")
+    assert paused.status == 200, paused.body
+    try:
+        # vLLM refuses a prefix-cache reset while running requests hold KV blocks; both engines
+        # refusing shows that the front end's load balancer spread the 4 requests over both
+        # (vLLM's num_requests_running gauge is not refreshed while a scheduler is paused).
+        refused = exporter.reset(reset_running_requests=False)
+        body = refused.json()
+        assert refused.status == 502, body
+        assert body["outcome"] == "failure" and body["failed_engines"] == [0, 1]
+        assert [(e["engine"], e["ok"], e["reason"]) for e in body["engines"]] == [
+            (0, False, "refused"),
+            (1, False, "refused"),
+        ]
+        ctl = exporter.ctl("reset-prefix-cache", "--admin-url", exporter.admin_url, "--json")
+        assert ctl.returncode == 2, (ctl.stdout, ctl.stderr)
+        assert {e["reason"] for e in json.loads(ctl.stdout)["engines"]} == {"refused"}
+        assert not any(g.finished.is_set() for g in gens), "a generation ended during the refusals"
+    finally:
+        resumed = web.post(f"{api}/resume")
+    assert resumed.status == 200, resumed.body
 
     scrape = exporter.scrape()
     assert scrape.total("vllm_dp_prefix_cache_resets_total", outcome="failure") == (

@@ -105,10 +105,3 @@ def start_long_generations(
         if gen.error is not None or gen.finished.is_set():
             raise AssertionError(f"generation ended before the test could use it: {gen.error!r}")
     return gens
-
-
-def running_per_engine(api_url: str) -> dict[str, float]:
-    """``vllm:num_requests_running`` per engine (DP rank) from a front end's own /metrics."""
-    # A front end busy streaming long generations on 2 cores can take its time to render.
-    scrape = web.Scrape(web.get(f"{api_url}/metrics", timeout_s=60).body.decode())
-    return {s.labels["engine"]: s.value for s in scrape.find("vllm:num_requests_running")}

@@ -18,7 +18,8 @@ from exporter.client.transport.owner import OwnerConfig, OwnerTransport
 from exporter.control.parsing import ActionRequest, reset_request
 from exporter.control.verdicts import classify
 from exporter.error import HandshakeError
-from exporter.fleetstate.aggregate import FleetState, aggregate_consensus, require_bool
+from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
+from exporter.fleetstate.invariants import SLEEPING, require_type
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL_RESET, EXIT_INCONSISTENT = 0, 1, 2, 3
 #: ``probe_report`` judges only the reset's outcomes: its flags do not change the verdict.
@@ -50,7 +51,7 @@ def probe_report(
     sleeping: list[EngineOutcome], reset: list[EngineOutcome] | None, handshake_error: str | None
 ) -> tuple[dict[str, Any], int, str]:
     """Pure: build the JSON report, the exit code and the stderr line from the outcomes."""
-    sleeping = require_bool(sleeping)
+    sleeping = require_type(SLEEPING, sleeping)
     verdict = aggregate_consensus("is_sleeping", sleeping)
     consistent = {
         FleetState.CONSISTENT: True,

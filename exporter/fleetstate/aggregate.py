@@ -14,7 +14,6 @@ from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.error import InconsistentUtilityResults
-from exporter.protocol.strings import bound_text
 
 
 class FleetState(str, enum.Enum):
@@ -86,18 +85,3 @@ def aggregate_consensus(method: str, outcomes: Sequence[EngineOutcome]) -> Conse
     if missing:
         return ConsensusVerdict(method, FleetState.UNKNOWN, missing=missing)
     return ConsensusVerdict(method, FleetState.CONSISTENT, value=distinct[0])
-
-
-def require_bool(outcomes: Sequence[EngineOutcome]) -> list[EngineOutcome]:
-    """Turn OK outcomes whose value is not a bool into FAILED ones (for boolean methods)."""
-    checked = []
-    for o in outcomes:
-        if o.outcome is Outcome.OK and not isinstance(o.value, bool):
-            o = EngineOutcome(
-                o.engine,
-                Outcome.FAILED,
-                error=bound_text(f"expected a boolean, got {o.value!r}"),
-                duration_s=o.duration_s,
-            )
-        checked.append(o)
-    return checked

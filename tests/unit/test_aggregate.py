@@ -12,8 +12,8 @@ from exporter.fleetstate.aggregate import (
     FleetState,
     aggregate_consensus,
     consensus,
-    require_bool,
 )
+from exporter.fleetstate.invariants import SLEEPING, require_type
 
 
 def ok(engine: str, value: object) -> EngineOutcome:
@@ -116,6 +116,8 @@ def test_reset_with_zero_engines_is_a_failure() -> None:
     assert not verdict.success and verdict.outcome == "failure"
 
 
-def test_require_bool_turns_odd_values_into_failures() -> None:
-    checked = require_bool([ok("0", True), ok("1", None), EngineOutcome("2", Outcome.TIMEOUT)])
+def test_require_type_turns_odd_values_into_failures() -> None:
+    checked = require_type(
+        SLEEPING, [ok("0", True), ok("1", None), EngineOutcome("2", Outcome.TIMEOUT)]
+    )
     assert [o.outcome for o in checked] == [Outcome.OK, Outcome.FAILED, Outcome.TIMEOUT]

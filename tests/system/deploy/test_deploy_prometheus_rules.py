@@ -17,6 +17,7 @@ REQUIRED_ALERTS = {
     "VllmDpPrefixCacheResetPartialFailure",
     "VllmDpEnginesMissing",
     "VllmDpExporterPollsStale",
+    "VllmDpStateFileWriteFailing",
 }
 SEVERITIES = {"critical", "warning", "info"}
 
@@ -234,6 +235,34 @@ def test_engine_down_tells_start_up_from_an_outage():
         if any(c.get("exp_alerts") for c in checks) and all(v[0].startswith("1") for v in ups):
             outage_fires = True
     assert start_up_silent and outage_fires
+
+
+def _minutes(duration: str) -> float:
+    """A promtool eval_time such as 90s, 12m or 1h30m, in minutes."""
+    scale = {"ms": 1 / 60000, "s": 1 / 60, "m": 1, "h": 60, "d": 1440}
+    parts = re.findall(r"([0-9]+)(ms|s|m|h|d)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(int(n) * scale[u] for n, u in parts)
+
+
+def test_state_file_alert_clears_after_a_good_write():
+    name = "VllmDpStateFileWriteFailing"
+    expr = {rule["alert"]: rule for rule in artefacts.alerting_rules()}[name]["expr"]
+    # "no good write since the last failed one": both outcomes are in the expression
+    assert 'vllm_dp_state_file_writes_total{outcome="failed"}' in expr
+    assert 'vllm_dp_state_file_writes_total{outcome="ok"}' in expr
+    # a promtool case where it fires and, later in the same case, is silent again (one failure
+    # must not keep it firing forever)
+    cleared = False
+    for case in _unit_test_cases():
+        checks = sorted(
+            (c for c in case.get("alert_rule_test", []) if c["alertname"] == name),
+            key=lambda c: _minutes(c["eval_time"]),
+        )
+        fired = [i for i, c in enumerate(checks) if c.get("exp_alerts")]
+        if fired and any(not c.get("exp_alerts") for c in checks[fired[0] + 1 :]):
+            cleared = True
+    assert cleared
 
 
 def test_sleep_state_mismatch_recording_rule():

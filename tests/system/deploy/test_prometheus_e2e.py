@@ -172,6 +172,9 @@ def test_every_dashboard_query_returns_data(stack: dict[str, str]) -> None:
         15,
         "a refused admin action in two scrapes",
     )
+    # The aggregate is absent while the engines disagree, and a run that has been scraped only
+    # a few times may have seen nothing but the story's first inconsistency window.
+    wait_for(lambda: query(stack, "vllm_dp_sleeping"), 45, "the engines to agree once")
     # The whole run so far: a series that is legitimately absent at times (the aggregate while
     # the engines disagree) must still have data somewhere in it.
     window = int(time.time() - float(stack["started"])) + 1

@@ -117,7 +117,8 @@ def test_prometheus_without_credentials_is_refused(tls_stack: dict[str, str]) ->
     def refused() -> dict[str, str] | None:
         found = targets(tls_stack)
         errors = {
-            job: found[job].get("lastError", "") for job in ("no-basic-auth", "no-client-cert")
+            job: found.get(job, {}).get("lastError", "")
+            for job in ("no-basic-auth", "no-client-cert")
         }
         return errors if all(errors.values()) else None
 
