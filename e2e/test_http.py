@@ -154,7 +154,8 @@ def test_scenario5_a_target_with_running_requests_refuses_the_reset(
         reply = exporter.reset()
         assert not any(g.finished.is_set() for g in gens), "a generation ended before the reset"
     finally:
-        resumed = web.post(f"{deployment.urls['0']}/resume")
+        # Resumed, the generations stream at once: the busy server may answer late.
+        resumed = web.post(f"{deployment.urls['0']}/resume", timeout_s=60)
     assert resumed.status == 200, resumed.body
     body = reply.json()
     assert reply.status == 502, body

@@ -187,7 +187,8 @@ def test_scenario4_reset_refused_by_engines_with_running_requests(
         assert {e["reason"] for e in json.loads(ctl.stdout)["engines"]} == {"refused"}
         assert not any(g.finished.is_set() for g in gens), "a generation ended during the refusals"
     finally:
-        resumed = web.post(f"{api}/resume")
+        # Resumed, the 4 generations stream at once: the busy front end may answer late.
+        resumed = web.post(f"{api}/resume", timeout_s=60)
     assert resumed.status == 200, resumed.body
 
     scrape = exporter.scrape()
