@@ -92,7 +92,7 @@ def test_scenario5_one_paused_target_makes_the_fleet_inconsistent(
     counted_before = exporter.scrape().total(
         "vllm_dp_inconsistent_utility_results_total", method="is_sleeping"
     )
-    paused = web.post(f"{url0}/pause?mode=keep")
+    paused = web.post(f"{url0}/pause?mode=keep", timeout_s=60)
     assert paused.status == 200, paused.body
     try:
         status = web.wait_for(
@@ -148,7 +148,7 @@ def test_scenario5_a_target_with_running_requests_refuses_the_reset(
     gens = start_long_generations(deployment.urls["0"], 2, LONG_TOKENS)
     # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
     # generates, so the reset cannot race the end of the generations.
-    paused = web.post(f"{deployment.urls['0']}/pause?mode=keep&clear_cache=false")
+    paused = web.post(f"{deployment.urls['0']}/pause?mode=keep&clear_cache=false", timeout_s=60)
     assert paused.status == 200, paused.body
     try:
         reply = exporter.reset()

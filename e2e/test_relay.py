@@ -132,7 +132,7 @@ def test_scenario3_a_paused_front_end_shows_as_paused_engines_not_asleep(
     """The front end's /pause reaches every engine; the exporter's own slot sees each engine's
     scheduler paused (``is_sleeping`` is true while paused, ``is_scheduler_paused`` tells)."""
     exporter, api = relay.exporter, relay.api_url
-    paused = web.post(f"{api}/pause?mode=keep")
+    paused = web.post(f"{api}/pause?mode=keep", timeout_s=60)
     assert paused.status == 200, paused.body
     try:
         web.wait_for(
@@ -168,7 +168,7 @@ def test_scenario4_reset_refused_by_engines_with_running_requests(
     gens = start_long_generations(api, 4, LONG_TOKENS)
     # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
     # generates, so the refusals below cannot race the end of the generations.
-    paused = web.post(f"{api}/pause?mode=keep&clear_cache=false")
+    paused = web.post(f"{api}/pause?mode=keep&clear_cache=false", timeout_s=60)
     assert paused.status == 200, paused.body
     try:
         # vLLM refuses a prefix-cache reset while running requests hold KV blocks; both engines

@@ -9,15 +9,13 @@ import signal
 import sys
 
 import zmq
-from aiohttp import web
 
 from exporter.base import eventloop
 from exporter.base.logs import configure_logging
 from exporter.config.settings import ServeConfig, env_warnings, resolve_config, secret_file_warnings
 from exporter.control.runtime import freeze_startup_heap
 from exporter.error import ConfigError, ExporterError
-from exporter.web.app import ADMIN_URL_KEY, StartupError, create_app
-from exporter.web.httpguard import guarded_runner
+from exporter.web.app import StartupError, start_service
 
 log = logging.getLogger("exporter")
 
@@ -35,26 +33,20 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    app = create_app(config)
-    runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)
     try:
-        await runner.setup()  # binds the engine-facing sockets and the admin listener
-        host, port = config.listen_host_port
-        tls = config.web.ssl_context if config.web is not None else None
-        site = web.TCPSite(runner, host, port, ssl_context=tls)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
+        service = await start_service(config)
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        raise
+    try:
+        tls = config.web is not None and config.web.ssl_context is not None
         # Logged once everything is bound: a failed start prints its one error line only.
-        scheme = "https" if tls is not None else "http"
         if freeze_heap:
             log.debug("heap frozen after start-up: %d objects", freeze_startup_heap())
         log.info(
-            "serving /metrics on %s://%s:%d (attach=%s, event loop %s)",
-            scheme,
-            host,
-            port,
+            "serving /metrics on %s (attach=%s, event loop %s)",
+            service.url,
             config.attach,
             eventloop.running_loop_name(),
         )
@@ -62,16 +54,16 @@ async def serve(
             log.info(
                 "web config %s: TLS %s (client certificates: %s), basic auth %s",
                 config.web.path,
-                "on" if tls is not None else "off",
+                "on" if tls else "off",
                 config.web.client_auth_type,
                 "on" if config.web.users else "off",
             )
-        if ADMIN_URL_KEY in app:
-            log.info("admin endpoint on %s", app[ADMIN_URL_KEY])
+        if service.admin_url is not None:
+            log.info("admin endpoint on %s", service.admin_url)
         await stop.wait()
         log.info("stopping")
     finally:
-        await runner.cleanup()
+        await service.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 

@@ -58,6 +58,9 @@ def parse_switch(text: str) -> bool:
 #: still queued for the front end a little before that, so a front end that comes up late never
 #: receives a HELLO from an engine that has already given up.
 RELAY_UPSTREAM_TIMEOUT_S = 295.0
+#: ``inprocess`` is set by the vLLM endpoint plugin and the embedding API (``exporter.embed``),
+#: never by ``serve``: it needs vLLM's engine-core client, which only those hold.
+ATTACH_MODES = ("owner", "relay", "http", "inprocess")
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,7 @@ def is_loopback(host: str) -> bool:
 def validate(config: ServeConfig) -> ServeConfig:
     """Check every setting; read the admin token. Returns the config with the token filled."""
     c = config
-    if c.attach not in ("owner", "relay", "http"):
+    if c.attach not in ATTACH_MODES:
         raise ConfigError(f"--attach must be owner, relay or http, got {c.attach!r}")
     check_bounds({f.name: getattr(c, f.name) for f in fields(c)})
     if c.attach in ("owner", "relay"):

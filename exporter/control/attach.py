@@ -58,6 +58,12 @@ def build_fleet(
         )
     if config.attach == "http":
         return http_client(config)
+    if config.attach == "inprocess":
+        raise ConfigError(
+            "attach mode inprocess runs inside vLLM's API server (VLLM_PLUGINS=dp_exporter) or "
+            "in the process that owns an AsyncLLM (exporter.embed.start_exporter); serve "
+            "attaches as owner, relay or http"
+        )
     raise ConfigError(f"unknown attach mode {config.attach!r}")
 
 

@@ -107,12 +107,13 @@ class Exporter:
         )
         self.stats.preset(self.client.engine_labels)
         # Start the failure series of the loops every exporter runs at 0 (increase() sees 1).
-        for task in ("poller",) if config.attach == "http" else ("poller", "handshake"):
+        zmq_mode = config.attach in ("owner", "relay")
+        for task in ("poller", "handshake") if zmq_mode else ("poller",):
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
         self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
 
-    def _state_version(self) -> tuple[int, ...]:
+    def state_version(self) -> tuple[int, ...]:
         """The render cache's key: every change a scrape could show bumps one of these (a
         published poll, a counter in ``Stats`` or the fault tally, a handshake before the
         first poll, a relayed handshake, a state-file write), so a cached body is never older
@@ -134,7 +135,7 @@ class Exporter:
         fmt = metrics_format(accept)
         content_type = CONTENT_TYPES[fmt]
         key = (fmt, use_gzip)
-        version = self._state_version()
+        version = self.state_version()
         cached = self._render_cache.get(key)
         if cached is not None and cached[0] == version:
             return cached[1], cached[2]

@@ -19,7 +19,7 @@ class MetricSpec:
     kind: str  # "gauge" | "counter" | "histogram"
     labels: tuple[str, ...]
     help: str
-    modes: tuple[str, ...] = ("owner", "relay", "http")
+    modes: tuple[str, ...] = ("owner", "relay", "http", "inprocess")
 
     @property
     def family(self) -> str:

@@ -24,7 +24,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +67,33 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 Answer = tuple[int, dict[str, Any], dict[str, str]]
 
 
+@dataclass(frozen=True)
+class AdminHttpRequest:
+    """What the guards read of an HTTP request, whichever server received it (this module's
+    aiohttp listener, or the FastAPI routes of ``exporter.embed`` on vLLM's own port)."""
+
+    #: Case-insensitive; header values that are not UTF-8 as surrogate escapes.
+    headers: Mapping[str, str]
+    query: Mapping[str, list[str]]
+    remote: str | None
+    #: The body, reading at most ``limit`` + 1 bytes for at most ``timeout_s`` seconds; or the
+    #: status and error to answer (``read_body_bounded``'s contract).
+    read_body: Callable[[int, float], Awaitable[bytes | tuple[int, str]]]
+
+
+def from_aiohttp(request: web.Request) -> AdminHttpRequest:
+    async def read_body(limit: int, timeout_s: float) -> bytes | tuple[int, str]:
+        return await read_body_bounded(request, limit, timeout_s)
+
+    query = {k: request.query.getall(k) for k in request.query}
+    return AdminHttpRequest(request.headers, query, request.remote, read_body)
+
+
 @dataclass
 class Pending:
     """One admin request on its way through the guards, and what they learnt of it."""
 
-    http: web.Request
+    http: AdminHttpRequest
     spec: ActionSpec
     audit: dict[str, Any]
     body: bytes = b""
@@ -135,7 +157,9 @@ class AdminController:
 
     # -- checks ----------------------------------------------------------------------------
 
-    async def _auth_refusal(self, request: web.Request, audit: dict[str, Any]) -> Answer | None:
+    async def _auth_refusal(
+        self, request: AdminHttpRequest, audit: dict[str, Any]
+    ) -> Answer | None:
         """None when authenticated (the bearer token when one is configured, else the web
         config's basic auth users when there are some, else nothing to check), else the 401
         or 429 to answer. Only failed attempts are throttled, and per source: a correct token
@@ -170,7 +194,7 @@ class AdminController:
             error, challenge = "missing or invalid bearer token", BEARER_REALM
         return 401, {"error": error}, {"WWW-Authenticate": challenge}
 
-    def _token_ok(self, request: web.Request) -> bool:
+    def _token_ok(self, request: AdminHttpRequest) -> bool:
         """Constant-time comparison of the raw bytes presented (aiohttp hands header bytes
         that are not UTF-8 over as surrogate escapes; they are turned back into the bytes)."""
         if self._token is None:
@@ -188,11 +212,13 @@ class AdminController:
         """The aiohttp handler of ``POST /admin/<spec.name>``."""
 
         async def handler(request: web.Request) -> web.Response:
-            return await self.handle(request, spec)
+            status, body, headers = await self.handle(from_aiohttp(request), spec)
+            return web.json_response(body, status=status, headers=headers)
 
         return handler
 
-    async def handle(self, request: web.Request, spec: ActionSpec) -> web.Response:
+    async def handle(self, request: AdminHttpRequest, spec: ActionSpec) -> Answer:
+        """The answer to one admin request: audited and counted whatever it is."""
         started = time.perf_counter()
         pending = Pending(
             request,
@@ -213,7 +239,7 @@ class AdminController:
         pending.audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
         self.exporter.stats.record_admin_request(spec.name, status)
         self._audit(pending.audit)
-        return web.json_response(body, status=status, headers=headers)
+        return status, body, headers
 
     async def _decide(self, pending: Pending) -> Answer:
         """The first guard's answer, or the action's once every guard let it through."""
@@ -229,7 +255,7 @@ class AdminController:
         return await self._auth_refusal(pending.http, pending.audit)
 
     async def _read_body(self, pending: Pending) -> Answer | None:
-        body_or_problem = await read_body_bounded(pending.http, MAX_ADMIN_BODY, BODY_TIMEOUT_S)
+        body_or_problem = await pending.http.read_body(MAX_ADMIN_BODY, BODY_TIMEOUT_S)
         if isinstance(body_or_problem, tuple):
             pending.audit["outcome"] = "bad_request"
             return body_or_problem[0], {"error": body_or_problem[1]}, {}
@@ -237,9 +263,8 @@ class AdminController:
         return None
 
     async def _parse(self, pending: Pending) -> Answer | None:
-        query = pending.http.query
         try:
-            parsed = pending.spec.parse({k: query.getall(k) for k in query}, pending.body)
+            parsed = pending.spec.parse(dict(pending.http.query), pending.body)
         except BadRequest as exc:
             pending.audit["outcome"] = "bad_request"
             return 400, {"error": str(exc)}, {}

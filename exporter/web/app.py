@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -154,3 +155,48 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
     yield
     await admin_app[ADMIN_SHUTDOWN_KEY]()
     await runner.cleanup()
+
+
+@dataclass
+class RunningService:
+    """A started service: its runner, where it listens, and how to stop it."""
+
+    app: web.Application
+    runner: web.AppRunner
+    #: ``http(s)://host:port`` of /metrics (the port the OS chose when the config said 0).
+    url: str
+    #: The admin listener's URL, None when ``admin_listen`` is off.
+    admin_url: str | None
+
+    @property
+    def exporter(self) -> Exporter:
+        return self.app[EXPORTER_KEY]
+
+    async def stop(self) -> None:
+        """Drain an in-flight admin action, stop polling, close every listener."""
+        await self.runner.cleanup()
+
+
+async def start_service(config: ServeConfig, exporter: Exporter | None = None) -> RunningService:
+    """``create_app(config, exporter)`` started and listening on ``config.listen`` (and the
+    admin listener on ``config.admin_listen``) in the running event loop: what ``serve`` runs,
+    and what ``exporter.embed.start_exporter`` runs inside a trainer's process. A socket that
+    cannot be bound raises ``StartupError`` (one line) with nothing left running."""
+    app = create_app(config, exporter)
+    runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()  # starts the exporter, binds the engine-facing sockets and the admin
+    try:
+        host, port = config.listen_host_port
+        tls = config.web.ssl_context if config.web is not None else None
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(f"--listen {config.listen}: {exc.strerror or exc}") from None
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1] if runner.addresses else port
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{'https' if tls is not None else 'http'}://{shown}:{bound}"
+    return RunningService(app, runner, url, app.get(ADMIN_URL_KEY))

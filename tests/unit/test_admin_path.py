@@ -25,7 +25,7 @@ from exporter.control.verdicts import (
 )
 from exporter.metrics.catalog import ADMIN_ACTIONS
 from exporter.metrics.stats import histogram_rows
-from exporter.web.admin import AdminController, retry_after
+from exporter.web.admin import AdminController, from_aiohttp, retry_after
 
 TOKEN = "tok-unit"
 NO_ATTR = "Call to {m} method failed: 'EngineCoreProc' object has no attribute '{m}'"
@@ -72,9 +72,11 @@ class Admin:
         request = make_mocked_request(
             "POST", f"/admin/{action}{query}", headers=headers, payload=EmptyStreamReader()
         )
-        response = await self.controller.handle(request, ACTIONS[action])
-        assert response.text is not None
-        return response.status, json.loads(response.text), dict(response.headers)
+        status, body, answer_headers = await self.controller.handle(
+            from_aiohttp(request), ACTIONS[action]
+        )
+        # The body as a client reads it: through JSON.
+        return status, json.loads(json.dumps(body)), answer_headers
 
 
 def test_every_catalogued_action_has_one_spec() -> None:

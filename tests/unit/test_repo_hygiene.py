@@ -24,6 +24,8 @@ PACKAGES: dict[str, set[str]] = {
     "control": {"error", "base", "protocol", "config", "client", "fleetstate", "metrics"},
     "web": {"error", "base", "config", "client", "fleetstate", "metrics", "control"},
     "sim": {"error", "base", "protocol", "client"},
+    # In-process mode's fronts (the vLLM endpoint plugin, the trainer API): what serve runs.
+    "embed": {"error", "base", "config", "client", "metrics", "control", "web"},
     "commands": {
         "error",
         "base",

@@ -1,0 +1,190 @@
+"""In-process mode: the ``FleetClient`` over vLLM's own engine-core client.
+
+Inside ``vllm serve`` (the endpoint plugin) or a trainer's process (``AsyncLLM``), vLLM's
+engine-core client is already connected to every DP engine. This client sends each utility call
+to each engine through it (``exporter.client.vllm_core``), so the layers above get one outcome
+per engine exactly as in owner, relay and HTTP mode: the same allow-list, one shared deadline per
+fan-out, the same outcomes and the same bound on engine strings. It opens no socket of its own.
+
+vLLM's client has no timeout and keeps a future per call until the engine answers. A call that
+times out here is therefore left running (its future is vLLM's, not ours to remove: vLLM's
+reply handler pops it, and a missing entry would kill vLLM's output loop), and at most
+``max_in_flight`` of this client's calls per engine may wait in vLLM's table at once: beyond
+that, a call to that engine times out at once without being sent, so a hung engine cannot grow
+vLLM's table without bound.
+
+When an engine dies, vLLM's front end fails as a whole (``EngineDeadError`` on every call, and
+the API server exits); until then this client answers ``disconnected`` for every engine and
+never raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection
+from typing import Any
+
+from exporter.client.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    SHUTTING_DOWN,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+    check_allowed,
+    timed_out,
+)
+from exporter.client.vllm_core import VllmCore, is_engine_dead_error
+from exporter.protocol.strings import bound_text, bound_value
+
+log = logging.getLogger("exporter.inprocess")
+
+#: This client's calls per engine that may wait in vLLM's client for a reply at once (a poll
+#: asks three methods at once; the gate and an admin action may add one each).
+MAX_IN_FLIGHT = 8
+ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
+
+
+class InProcessFleetClient:
+    """``FleetClient`` over vLLM's engine-core client (see the module docstring)."""
+
+    def __init__(
+        self,
+        core: VllmCore,
+        *,
+        allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
+        max_in_flight: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self.core = core
+        self._allowed = allowed_methods
+        self._max_in_flight = max_in_flight
+        #: engine label → this client's calls waiting in vLLM's client for a reply.
+        self._in_flight: dict[str, int] = {}
+        self._outstanding: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # -- FleetClient -----------------------------------------------------------------------
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return [label for label, _ in self.core.engines()]
+
+    def engine_details(self) -> list[EngineDetail]:
+        connected = not self.core.dead()
+        where = f"in-process (vLLM client {self.core.client_index})"
+        return [
+            EngineDetail(
+                engine=label,
+                connected=connected,
+                address=where,
+                vllm_version=self.core.vllm_version,
+                enable_sleep_mode=self.core.enable_sleep_mode,
+                handshakes=1,
+            )
+            for label, _ in self.core.engines()
+        ]
+
+    def connected_count(self) -> int:
+        return 0 if self.core.dead() else len(self.core.engines())
+
+    def supports(self, method: str) -> bool:
+        return method in self._allowed
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        """Cancel the calls still waiting (vLLM drops a late reply to a cancelled future)."""
+        self._closed = True
+        for task in list(self._outstanding):
+            task.cancel()
+        self._outstanding.clear()
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """This client's calls per engine waiting in vLLM's client for a reply (a copy)."""
+        return {k: v for k, v in self._in_flight.items() if v}
+
+    async def call_utility(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
+    ) -> list[EngineOutcome]:
+        check_allowed(method, self._allowed)
+        targets = self.core.engines()
+        if engines is not None:
+            wanted = set(engines)
+            targets = [t for t in targets if t[0] in wanted]
+        if self.core.dead() or self._closed:
+            error = ENGINE_CORE_DEAD if not self._closed else "the exporter is stopping"
+            return [EngineOutcome(label, Outcome.DISCONNECTED, error=error) for label, _ in targets]
+        started = time.perf_counter()
+        results: dict[str, EngineOutcome] = {}
+        calls: dict[asyncio.Task[Any], str] = {}
+        for label, identity in targets:
+            waiting = self._in_flight.get(label, 0)
+            if waiting >= self._max_in_flight:
+                results[label] = EngineOutcome(
+                    label,
+                    Outcome.TIMEOUT,
+                    error=f"not sent: {waiting} earlier calls to this engine are unanswered",
+                    duration_s=0.0,
+                )
+                continue
+            calls[self._send(label, identity, method, args)] = label
+        if calls:
+            done, _ = await asyncio.wait(calls, timeout=timeout_s)
+            elapsed = time.perf_counter() - started
+            for task, label in calls.items():
+                if task in done:
+                    results[label] = self._outcome(label, task, elapsed)
+                else:  # left running: vLLM's future is removed only by the reply
+                    results[label] = timed_out(label, timeout_s)
+                    self._outstanding.add(task)
+        return [results[label] for label, _ in targets]
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _outcome(self, label: str, task: asyncio.Task[Any], elapsed: float) -> EngineOutcome:
+        if task.cancelled():
+            return EngineOutcome(label, Outcome.DISCONNECTED, error="call cancelled")
+        exc = task.exception()
+        if exc is None:
+            return EngineOutcome(label, Outcome.OK, bound_value(task.result()), duration_s=elapsed)
+        if is_engine_dead_error(exc):
+            return EngineOutcome(label, Outcome.DISCONNECTED, error=ENGINE_CORE_DEAD)
+        if type(exc) is Exception:  # vLLM's wrapper of the engine's failure message
+            message = str(exc)
+            return EngineOutcome(
+                label,
+                Outcome.FAILED,
+                error=bound_text(message),
+                shutting_down=message == SHUTTING_DOWN,
+                duration_s=elapsed,
+            )
+        # A send that failed (a closed socket, vLLM shutting down): no engine answered.
+        return EngineOutcome(
+            label,
+            Outcome.DISCONNECTED,
+            error=bound_text(f"{type(exc).__name__}: {exc}"),
+        )
+
+    def _send(
+        self, label: str, identity: bytes, method: str, args: tuple[Any, ...]
+    ) -> asyncio.Task[Any]:
+        """One call, counted in flight until vLLM's client resolves it (reply or death)."""
+        self._in_flight[label] = self._in_flight.get(label, 0) + 1
+        task = asyncio.ensure_future(self.core.call(method, args, identity))
+
+        def resolved(done: asyncio.Task[Any]) -> None:
+            self._outstanding.discard(done)
+            self._in_flight[label] = max(0, self._in_flight.get(label, 1) - 1)
+            if not done.cancelled():
+                done.exception()  # retrieved: a late failure is not an unhandled error
+
+        task.add_done_callback(resolved)
+        return task

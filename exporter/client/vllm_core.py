@@ -1,0 +1,103 @@
+"""The one adapter to vLLM's own engine-core client (in-process mode's only private names).
+
+vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``,
+``DPAsyncMPClient``, ``DPLBAsyncMPClient``) that is already connected to every DP engine. vLLM
+0.32 and 0.33 both offer, on that object:
+
+* ``core_engines``: the engines' ZMQ identities, 2 bytes little-endian of the DP rank (read
+  afresh on every call: elastic EP changes the list);
+* ``_call_utility_async(method, *args, engine=identity)``: one utility call to one engine, no
+  timeout of its own; its future sits in ``utility_results`` until the reply comes;
+* ``resources.engine_dead``: set once the engine-core client saw an engine die.
+
+Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
+caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
+line, which of these names a vLLM release lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.error import ConfigError
+
+#: What in-process mode needs of vLLM's engine-core client (vLLM 0.32 and 0.33 have all of it).
+REQUIRED_NAMES = ("core_engines", "_call_utility_async", "utility_results", "resources")
+#: The class name of vLLM's ``vllm.v1.engine.exceptions.EngineDeadError`` (not imported).
+ENGINE_DEAD_ERROR = "EngineDeadError"
+
+
+def engine_core_of(engine_client: Any) -> Any:
+    """The engine-core client of an ``EngineClient`` (the API server's ``AsyncLLM``, or a
+    trainer's), with the names in-process mode needs checked."""
+    core = getattr(engine_client, "engine_core", None)
+    if core is None:
+        raise ConfigError(
+            f"in-process mode: {type(engine_client).__name__} has no engine_core (expected "
+            "vLLM's AsyncLLM, vLLM 0.32 or later)"
+        )
+    check_core(core)
+    return core
+
+
+def check_core(core: Any) -> None:
+    """``ConfigError`` naming what is missing when ``core`` is not an engine-core client this
+    mode can use (an in-process ``InprocClient``, a vLLM release that renamed the names)."""
+    missing = [name for name in REQUIRED_NAMES if not hasattr(core, name)]
+    if missing:
+        raise ConfigError(
+            f"in-process mode: vLLM's engine-core client {type(core).__name__} lacks "
+            f"{', '.join(missing)} (supported: vLLM 0.32 and 0.33 with multiprocess engines; "
+            "use owner, relay or HTTP mode with this vLLM)"
+        )
+    if not hasattr(core.resources, "engine_dead"):
+        raise ConfigError(
+            f"in-process mode: vLLM's engine-core client {type(core).__name__} lacks "
+            "resources.engine_dead (supported: vLLM 0.32 and 0.33)"
+        )
+
+
+def rank_of(identity: bytes) -> int:
+    """A DP engine's rank from its ZMQ identity (2 bytes, little-endian)."""
+    return int.from_bytes(identity, "little")
+
+
+def is_engine_dead_error(exc: BaseException) -> bool:
+    return any(cls.__name__ == ENGINE_DEAD_ERROR for cls in type(exc).__mro__)
+
+
+@dataclass
+class VllmCore:
+    """vLLM's engine-core client as the in-process fleet uses it."""
+
+    core: Any = field(repr=False)
+    vllm_version: str | None = None
+    enable_sleep_mode: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_core(self.core)
+
+    def engines(self) -> list[tuple[str, bytes]]:
+        """(label, identity) of every engine this client manages, in rank order."""
+        identities: Sequence[bytes] = list(self.core.core_engines)
+        return sorted(((str(rank_of(i)), bytes(i)) for i in identities), key=_rank_key)
+
+    def dead(self) -> bool:
+        return bool(self.core.resources.engine_dead)
+
+    @property
+    def client_index(self) -> int:
+        return int(getattr(self.core, "client_index", 0))
+
+    def pending_entries(self) -> int:
+        """Futures vLLM's client holds for utility calls not answered yet (every caller's)."""
+        return len(self.core.utility_results)
+
+    async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
+        return await self.core._call_utility_async(method, *args, engine=identity)
+
+
+def _rank_key(entry: tuple[str, bytes]) -> int:
+    return int(entry[0])

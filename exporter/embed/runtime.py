@@ -1,0 +1,120 @@
+"""The in-process exporter inside vLLM's API server: started by the plugin, read by its routes.
+
+``InProcessRuntime`` is created when vLLM builds its app (``attach_router``: the routes need a
+handle) and started when vLLM initialises its state (``init_state``: the engine-core client
+exists then). A start that fails (a bad ``VLLM_DP_EXPORTER_*`` setting, a vLLM without what
+this mode needs, the render server's missing engine) is logged once and kept as ``problem``:
+the routes answer 503 with it and vLLM serves on, never harmed by its monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.base.tasks import cancel_and_wait, supervise
+from exporter.client.inprocess import InProcessFleetClient
+from exporter.config.settings import ServeConfig
+from exporter.control.runtime import Exporter
+from exporter.embed.shared import ProcessShare
+from exporter.embed.trainer import inprocess_config
+from exporter.embed.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
+from exporter.error import ExporterError
+from exporter.metrics.families import Family
+from exporter.web.admin import AdminController
+
+log = logging.getLogger("exporter.inprocess")
+
+NOT_STARTED = "the dp_exporter plugin has not started yet (vLLM is still starting)"
+
+
+class InProcessRuntime:
+    """One API server process's exporter, admin controller and (several API servers) share."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = environ
+        self.exporter: Exporter | None = None
+        self.admin: AdminController | None = None
+        self.share: ProcessShare | None = None
+        self.server = ApiServer(0, 1)
+        self.problem: str | None = NOT_STARTED
+        self._share_task: asyncio.Task[None] | None = None
+
+    async def start(self, engine_client: Any, args: Namespace | None) -> None:
+        """Never raises (a monitor must not stop vLLM): a failure becomes ``problem``."""
+        try:
+            await self._start(engine_client, args)
+        except (ExporterError, OSError) as exc:
+            self.problem = f"the dp_exporter plugin did not start: {exc}"
+            log.error("%s", self.problem)
+        except Exception as exc:  # a bug, or a vLLM this mode does not know: logged whole
+            self.problem = f"the dp_exporter plugin did not start: {type(exc).__name__}: {exc}"
+            log.exception("the dp_exporter plugin did not start")
+
+    async def _start(self, engine_client: Any, args: Namespace | None) -> None:
+        if engine_client is None:
+            raise ExporterError("this vLLM server has no engine (the render server)")
+        config = plugin_config(self._environ)
+        exporter = Exporter(config, client=InProcessFleetClient(core_of(engine_client)))
+        self.server = api_server(engine_client, args)
+        await exporter.start()
+        self.exporter, self.admin, self.problem = exporter, AdminController(exporter), None
+        directory = multiprocess_dir()
+        if self.server.count > 1 and directory is not None:
+            self.share = ProcessShare(
+                directory,
+                self.server.index,
+                exporter.collector.families,
+                exporter.state_version,
+                stale_s=max(60.0, 10 * config.poll_interval),
+            )
+            interval = min(1.0, config.poll_interval)
+            self._share_task = supervise(
+                "process_share", lambda: self.share_loop(interval), exporter.faults
+            )
+        log.info(
+            "dp_exporter: per-engine polling of %d engines every %gs in API server %d of %d",
+            len(exporter.client.engine_labels),
+            config.poll_interval,
+            self.server.index,
+            self.server.count,
+        )
+
+    async def share_loop(self, interval_s: float) -> None:
+        if self.share is not None:
+            await self.share.run(interval_s)
+
+    def families(self) -> list[Family] | None:
+        """This process's families (on the loop), or None before a successful start."""
+        return self.exporter.collector.families() if self.exporter is not None else None
+
+    def merge(self, own: list[Family]) -> list[Family]:
+        """``own`` with the other API servers' (blocking file reads: off the loop)."""
+        return self.share.merged(own) if self.share is not None else own
+
+    async def stop(self) -> None:
+        exporter, self.exporter = self.exporter, None
+        task, self._share_task = self._share_task, None
+        await cancel_and_wait(task)
+        if self.share is not None:
+            self.share.remove()
+        if self.admin is not None and exporter is not None:
+            await self.admin.drain(exporter.config.shutdown_grace)
+        if exporter is not None:
+            await exporter.stop()
+        self.problem = "the dp_exporter plugin stopped (vLLM is shutting down)"
+
+
+def plugin_config(environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """In-process settings from ``VLLM_DP_EXPORTER_*`` and the config file; the plugin opens
+    no listener of its own (its routes are on vLLM's port), so listen and admin_listen and the
+    web config (vLLM's port has vLLM's own TLS) are not used."""
+    env = dict(os.environ if environ is None else environ)
+    for name in ("WEB_CONFIG_FILE", "ADMIN_LISTEN", "LISTEN"):
+        if env.pop("VLLM_DP_EXPORTER_" + name, None) is not None:
+            log.warning("dp_exporter: VLLM_DP_EXPORTER_%s is not used inside vLLM", name)
+    return inprocess_config(env, admin_listen="off")

@@ -1,0 +1,130 @@
+"""Each API server process's families in a file; any process answers ``/metrics`` for all.
+
+With several API servers (``--api-server-count``, vLLM's default under DP with internal load
+balancing), vLLM sets ``PROMETHEUS_MULTIPROC_DIR`` to a directory every API server shares, and a
+scrape reaches one of them at random. Each process writes its families to
+``<dir>/vllm_dp_exporter.<index>.json`` (atomically, when its state changed) and the process
+that answers merges them (``exporter.metrics.merge``): gauges from API server 0, counters and
+histograms summed over every process. A file that cannot be read or believed is skipped with one
+warning per file and minute; a file older than ``stale_s`` (a process that is gone) is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from exporter.metrics.families import Family
+from exporter.metrics.merge import BadShare, families_from_json, families_to_json, merge_processes
+
+log = logging.getLogger("exporter.inprocess")
+
+FILE = re.compile(r"^vllm_dp_exporter\.(\d{1,4})\.json$")
+#: A process's file larger than this is not read.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+WARN_EVERY_S = 60.0
+
+
+class ProcessShare:
+    """This process's families, published; every process's, merged."""
+
+    def __init__(
+        self,
+        directory: str,
+        index: int,
+        families: Callable[[], list[Family]],
+        version: Callable[[], Hashable],
+        *,
+        stale_s: float = 60.0,
+    ) -> None:
+        self.directory = Path(directory)
+        self.index = index
+        self.path = self.directory / f"vllm_dp_exporter.{index}.json"
+        self._families = families
+        self._version = version
+        self._stale_s = stale_s
+        self._written: Hashable = None
+        self._warned: dict[str, float] = {}
+
+    def snapshot(self) -> bytes | None:
+        """This process's families as the file's bytes when they changed since the last
+        write (or every ``stale_s / 3``, so the file never looks stale); None otherwise. On
+        the loop: the state it reads changes on the loop."""
+        version = (self._version(), int(time.monotonic() // max(1.0, self._stale_s / 3)))
+        if version == self._written:
+            return None
+        self._written = version
+        return families_to_json(self._families())
+
+    def write(self, data: bytes) -> None:
+        """Replace this process's file atomically (blocking: run it off the loop)."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+    async def run(self, interval_s: float) -> None:
+        """Publish every ``interval_s`` when something changed."""
+        while True:
+            data = self.snapshot()
+            if data is not None:
+                try:
+                    await asyncio.to_thread(self.write, data)
+                except OSError as exc:
+                    self._written = None
+                    self._warn(str(self.path), f"cannot write {self.path}: {exc}")
+            await asyncio.sleep(interval_s)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+    def merged(self, own: list[Family]) -> list[Family]:
+        """``own`` (this process's families, taken on the loop) and every other process's
+        as one set (blocking file reads: call it off the loop)."""
+        others: dict[int, list[Family]] = {}
+        now = time.time()
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as exc:
+            self._warn(str(self.directory), f"cannot list {self.directory}: {exc}")
+            entries = []
+        for entry in entries:
+            match = FILE.match(entry.name)
+            if match is None or int(match.group(1)) == self.index:
+                continue
+            families = self._read(entry, now)
+            if families is not None:
+                others[int(match.group(1))] = families
+        if self.index == 0 or 0 not in others:
+            return merge_processes(own, list(others.values()))
+        leader = others.pop(0)
+        return merge_processes(leader, [own, *others.values()])
+
+    def _read(self, entry: os.DirEntry[str], now: float) -> list[Family] | None:
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_file(follow_symlinks=False) or info.st_size > MAX_FILE_BYTES:
+                self._warn(entry.path, f"{entry.path}: not a regular file under 16 MiB, skipped")
+                return None
+            if now - info.st_mtime > self._stale_s:
+                return None  # a process that is gone (or stopped publishing)
+            with open(entry.path, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+            return families_from_json(data)
+        except OSError:
+            return None  # replaced or removed while read: the next scrape reads it
+        except BadShare as exc:
+            self._warn(entry.path, f"{entry.path}: {exc}; skipped")
+            return None
+
+    def _warn(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(key, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._warned[key] = now
+            log.warning("%s", message)

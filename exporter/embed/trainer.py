@@ -1,0 +1,51 @@
+"""The exporter inside the process that owns an ``AsyncLLM`` (an RL trainer, a script).
+
+``await start_exporter(llm, listen="127.0.0.1:19400")`` runs the same service ``serve`` runs
+(poller, ``/metrics``, ``/status``, the page, ``/gate`` and the admin listener) in the caller's
+running event loop, against the ``AsyncLLM``'s own engine-core client: per-engine truth without
+a sidecar or a change to how the engines start. ``await service.stop()`` stops it; the
+``AsyncLLM`` is the caller's and is never shut down here. No global state: two exporters over
+two ``AsyncLLM``s in one process are two independent services.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.client.inprocess import InProcessFleetClient
+from exporter.config.settings import ServeConfig, resolve_config
+from exporter.control.runtime import Exporter
+from exporter.embed.vllm_facts import core_of
+from exporter.web.app import RunningService, start_service
+
+
+def inprocess_config(environ: Mapping[str, str] | None = None, **settings: Any) -> ServeConfig:
+    """The configuration of in-process mode: ``settings`` (``ServeConfig`` field names) over
+    the ``VLLM_DP_EXPORTER_*`` environment over the config file (``VLLM_DP_EXPORTER_CONFIG``)
+    over the defaults, checked as ``serve`` checks its own. ``ConfigError`` when invalid."""
+    env = os.environ if environ is None else environ
+    return resolve_config(None, environ=env, **{**settings, "attach": "inprocess"})
+
+
+async def start_exporter(
+    engine_client: Any,
+    *,
+    listen: str = "127.0.0.1:19400",
+    admin_listen: str = "127.0.0.1:19401",
+    environ: Mapping[str, str] | None = None,
+    **settings: Any,
+) -> RunningService:
+    """Start the exporter against ``engine_client`` (vLLM's ``AsyncLLM``) in the running
+    event loop, which must be the one that runs the ``AsyncLLM``.
+
+    ``listen`` and ``admin_listen`` are ``HOST:PORT`` (port 0: any free port, see the returned
+    service's ``url`` and ``admin_url``; ``admin_listen="off"``: no admin listener). Other
+    keyword arguments are settings by their ``ServeConfig`` names (``poll_interval=1.0``,
+    ``admin_token_file=...``). Raises ``ConfigError`` (bad settings, a vLLM without what this
+    mode needs, another event loop) or ``StartupError`` (a port in use), with nothing left
+    running."""
+    config = inprocess_config(environ, listen=listen, admin_listen=admin_listen, **settings)
+    client = InProcessFleetClient(core_of(engine_client))
+    return await start_service(config, Exporter(config, client=client))

@@ -1,0 +1,165 @@
+"""Several processes' families as one set of series (vLLM with several API server processes).
+
+With ``--api-server-count`` > 1, every API server process runs the in-process exporter (each is
+a client of every engine), and a scrape of vLLM's ``/metrics`` reaches any one of them. So that
+every scrape shows the same series, once, each process publishes its families
+(``families_to_json``) and the one answering merges them as prometheus_client's multiprocess mode
+does: gauges (what a poll saw) from the leader (API server 0) only, counters and histograms (what
+happened) summed over every process. Pure functions; the files are ``exporter.embed.shared``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from exporter.metrics.catalog import BY_NAME
+from exporter.metrics.families import Family
+
+Labels = tuple[str, ...]
+#: What one process's file may hold at most (families, rows): larger files are not read.
+MAX_ROWS = 200_000
+
+
+class BadShare(ValueError):
+    """A process's published families that cannot be believed (the message says why)."""
+
+
+def families_to_json(families: Sequence[Family]) -> bytes:
+    doc = [
+        {
+            "name": fam.spec.name,
+            "labels": list(fam.labels),
+            "rows": [[list(values), value] for values, value in fam.rows],
+            "histograms": [
+                [list(values), [[le, count] for le, count in buckets], total]
+                for values, buckets, total in fam.histograms
+            ],
+        }
+        for fam in families
+    ]
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def families_from_json(data: bytes) -> list[Family]:
+    """The families another process published; ``BadShare`` for anything else (unknown
+    names, wrong shapes, too many rows)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadShare(f"not JSON: {exc}") from None
+    if not isinstance(doc, list):
+        raise BadShare("not a list of families")
+    families, rows = [], 0
+    for entry in doc:
+        fam = _family(entry)
+        rows += len(fam.rows) + len(fam.histograms)
+        if rows > MAX_ROWS:
+            raise BadShare(f"more than {MAX_ROWS} rows")
+        families.append(fam)
+    return families
+
+
+def _family(entry: Any) -> Family:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise BadShare("a family without a name")
+    spec = BY_NAME.get(entry["name"])
+    if spec is None:
+        raise BadShare(f"unknown family {entry['name']!r}")
+    labels = _labels(entry.get("labels"))
+    fam = Family(spec, labels)
+    for row in _list(entry.get("rows")):
+        if not (isinstance(row, list) and len(row) == 2):
+            raise BadShare(f"{spec.name}: a row is not [labels, value]")
+        fam.rows.append((_values(row[0], len(labels)), _number(row[1])))
+    for hist in _list(entry.get("histograms")):
+        if not (isinstance(hist, list) and len(hist) == 3):
+            raise BadShare(f"{spec.name}: a histogram is not [labels, buckets, sum]")
+        buckets = []
+        for bucket in _list(hist[1]):
+            if not (isinstance(bucket, list) and len(bucket) == 2 and isinstance(bucket[0], str)):
+                raise BadShare(f"{spec.name}: a bucket is not [le, count]")
+            buckets.append((bucket[0], _number(bucket[1])))
+        fam.histograms.append((_values(hist[0], len(labels)), buckets, _number(hist[2])))
+    return fam
+
+
+def _list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadShare("a list was expected")
+    return value
+
+
+def _labels(value: Any) -> Labels:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadShare("label names are not strings")
+    return tuple(value)
+
+
+def _values(value: Any, count: int) -> Labels:
+    if not isinstance(value, list) or len(value) != count:
+        raise BadShare("label values do not match the label names")
+    if not all(isinstance(v, str) for v in value):
+        raise BadShare("label values are not strings")
+    return tuple(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadShare("a value is not a number")
+    return float(value)
+
+
+def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]) -> list[Family]:
+    """One set of families: gauges from ``leader``, counters and histograms summed over the
+    leader and ``others`` (label sets only another process has are included). Families keep
+    the leader's order; a family only another process has is appended."""
+    merged: dict[str, Family] = {}
+    for fam in leader:
+        copy = Family(fam.spec, fam.labels, list(fam.rows), list(fam.histograms))
+        merged[fam.spec.name] = copy
+    for families in others:
+        for fam in families:
+            if fam.spec.kind == "gauge":
+                continue
+            mine = merged.get(fam.spec.name)
+            if mine is None:
+                mine = merged[fam.spec.name] = Family(fam.spec, fam.labels)
+            if mine.labels != fam.labels:
+                continue  # another configuration (a model_name label): not summable
+            if fam.spec.kind == "histogram":
+                mine.histograms = _sum_histograms(mine.histograms, fam.histograms)
+            else:
+                mine.rows = _sum_rows(mine.rows, fam.rows)
+    return list(merged.values())
+
+
+def _sum_rows(
+    a: Sequence[tuple[Labels, float]], b: Sequence[tuple[Labels, float]]
+) -> list[tuple[Labels, float]]:
+    totals: dict[Labels, float] = {}
+    for values, value in (*a, *b):
+        totals[values] = totals.get(values, 0.0) + value
+    return sorted(totals.items())
+
+
+Histogram = tuple[Labels, list[tuple[str, float]], float]
+
+
+def _sum_histograms(a: Sequence[Histogram], b: Sequence[Histogram]) -> list[Histogram]:
+    totals: dict[Labels, tuple[dict[str, float], float]] = {}
+    order: dict[Labels, list[str]] = {}
+    for values, buckets, total in (*a, *b):
+        counts, running = totals.get(values, ({}, 0.0))
+        for le, count in buckets:
+            if le not in counts:
+                order.setdefault(values, []).append(le)
+            counts[le] = counts.get(le, 0.0) + count
+        totals[values] = (counts, running + total)
+    return [
+        (values, [(le, counts[le]) for le in order.get(values, [])], total)
+        for values, (counts, total) in sorted(totals.items())
+    ]

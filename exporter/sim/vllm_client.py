@@ -1,0 +1,139 @@
+"""A simulated vLLM ``AsyncLLM`` as in-process mode sees it, over real ZMQ to simulated engines.
+
+``SimEngineCore`` has what ``exporter.client.vllm_core`` reads of vLLM's engine-core client
+(``core_engines``, ``utility_results``, ``resources.engine_dead``, ``client_index``,
+``_call_utility_async``) with vLLM's semantics: no timeout, one future per call kept in
+``utility_results`` until the engine answers (and popped without a default when it does, as
+vLLM's reply handler does), a failure message raised as a plain ``Exception``, and after an
+engine's death ``engine_dead`` set and ``EngineDeadError`` for every call. Its wire is the
+exporter's own owner-mode client, so the engines are real processes' peers on real sockets
+(``SimEngine``). Tests, the demo and the benchmarks use it; nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import zmq.asyncio
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.engine_core import EngineCoreClient
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineOutcome, Outcome
+from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+
+#: vLLM's utility calls have no timeout; the simulation's wire waits this long at most.
+NO_TIMEOUT_S = 3600.0
+
+
+class EngineDeadError(Exception):
+    """vLLM's ``EngineDeadError`` (in-process mode recognises it by its class name)."""
+
+    def __init__(self) -> None:
+        super().__init__("EngineCore encountered an issue. See stack trace for the root cause.")
+
+
+@dataclass
+class Resources:
+    engine_dead: bool = False
+
+
+class SimEngineCore:
+    """vLLM's engine-core client, as far as in-process mode reads it (module docstring)."""
+
+    def __init__(self, wire: EngineCoreClient, ranks: list[int], client_index: int = 0) -> None:
+        self._wire = wire
+        self.core_engines: list[bytes] = [rank.to_bytes(2, "little") for rank in ranks]
+        self.utility_results: dict[int, asyncio.Future[Any]] = {}
+        self.resources = Resources()
+        self.client_index = client_index
+        self._ids = itertools.count(1)
+        self._calls: set[asyncio.Task[list[EngineOutcome]]] = set()
+
+    async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
+        if self.resources.engine_dead:
+            raise EngineDeadError()
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.utility_results[call_id] = future
+        label = str(int.from_bytes(engine, "little"))
+        task = asyncio.ensure_future(
+            self._wire.call_utility(method, tuple(args), timeout_s=NO_TIMEOUT_S, engines=[label])
+        )
+        self._calls.add(task)
+        task.add_done_callback(lambda done: self._deliver(call_id, done))
+        return await future
+
+    def _deliver(self, call_id: int, task: asyncio.Task[list[EngineOutcome]]) -> None:
+        self._calls.discard(task)
+        future = self.utility_results.pop(call_id)  # vLLM's handler: no default
+        if task.cancelled() or future.done():
+            return  # the caller was cancelled: vLLM drops the late reply the same way
+        (outcome,) = task.result()
+        if outcome.outcome is Outcome.OK:
+            future.set_result(outcome.value)
+        elif outcome.outcome is Outcome.FAILED:
+            future.set_exception(Exception(outcome.error))
+        else:  # the engine is gone: vLLM's front end marks itself dead
+            self.resources.engine_dead = True
+            future.set_exception(EngineDeadError())
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        """Until every engine has handshaken (as vLLM's start-up waits), at most ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._wire.connected_count() < len(self.core_engines):
+            if loop.time() > deadline:
+                raise TimeoutError(f"the engines did not handshake within {timeout_s:g}s")
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for task in list(self._calls):
+            task.cancel()
+        await self._wire.close()
+
+
+@dataclass
+class SimAsyncLLM:
+    """What in-process mode reads of vLLM's ``AsyncLLM``: ``engine_core`` and ``vllm_config``."""
+
+    engine_core: SimEngineCore
+    vllm_config: Any = field(default_factory=SimpleNamespace)
+
+    async def shutdown(self) -> None:
+        await self.engine_core.close()
+
+
+async def start_sim_vllm(
+    handshake_address: str,
+    engine_count: int,
+    *,
+    enable_sleep_mode: bool = True,
+    api_server_index: int = 0,
+    api_server_count: int = 1,
+    context: zmq.asyncio.Context | None = None,
+) -> SimAsyncLLM:
+    """A simulated ``AsyncLLM`` whose engines (``SimEngine``s dialing ``handshake_address``,
+    started by the caller) handshake with it as with vLLM's front end."""
+    faults = ProtocolErrorTally()
+    config = OwnerConfig(engine_count=engine_count, handshake_address=handshake_address)
+    methods = DEFAULT_ALLOWED_METHODS | {"get_supported_tasks", "collective_rpc"}
+    wire = EngineCoreClient(
+        lambda listener: OwnerTransport(config, listener, faults, context=context),
+        faults,
+        allowed_methods=methods,
+    )
+    await wire.start()
+    core = SimEngineCore(wire, list(range(engine_count)), client_index=api_server_index)
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(enable_sleep_mode=enable_sleep_mode),
+        parallel_config=SimpleNamespace(
+            _api_process_rank=api_server_index, _api_process_count=api_server_count
+        ),
+    )
+    return SimAsyncLLM(core, vllm_config)
+
+
