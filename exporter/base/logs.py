@@ -172,18 +172,35 @@ def configure_logging(level: str, fmt: str = DEFAULT_FORMAT, stream: IO[str] | N
     """One root handler on ``stream`` (stderr) in ``fmt``, replacing the one an earlier call
     installed (handlers installed by others, such as pytest's, stay); the audit logger stays at
     INFO whatever ``level`` is."""
-    root = logging.getLogger()
-    for old in root.handlers[:]:
+    _own_handler(logging.getLogger(), level, fmt, stream)
+
+
+def _own_handler(logger: logging.Logger, level: str, fmt: str, stream: IO[str] | None) -> None:
+    """One handler of ours on ``logger`` in ``fmt`` (replacing the one an earlier call added),
+    ``logger`` at ``level``, the audit logger at INFO."""
+    for old in logger.handlers[:]:
         if getattr(old, "vllm_dp_exporter", False):
-            root.removeHandler(old)
+            logger.removeHandler(old)
     handler: logging.Handler = (
         logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     )
     setattr(handler, "vllm_dp_exporter", True)  # noqa: B010 - tags the handler as ours
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper()))
+    logger.addHandler(handler)
+    logger.setLevel(getattr(logging, level.upper()))
     audit_log.setLevel(logging.INFO)
+
+
+def configure_embedded_logging(
+    level: str, fmt: str = DEFAULT_FORMAT, stream: IO[str] | None = None
+) -> None:
+    """Inside another program's process (vLLM's API server, whose ``vllm`` logger has its own
+    handler and whose root logger has none): one handler on the ``exporter`` logger only, not
+    propagated, so the exporter's warnings and the admin audit (INFO, whatever ``level``) reach
+    stderr without touching the host's logging. Replaces the handler an earlier call added."""
+    logger = logging.getLogger("exporter")
+    _own_handler(logger, level, fmt, stream)
+    logger.propagate = False
 
 
 def log_audit(record: Mapping[str, Any]) -> None:

@@ -52,8 +52,16 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
+from exporter.client.http_plugin import (
+    ACTION_HINT,
+    GATE_KEYS,
+    engine_label,
+    gate_engines,
+    gate_outcomes,
+    is_plugin_url,
+)
 from exporter.client.http_replies import interpret
-from exporter.error import MethodNotAllowed
+from exporter.client.http_routes import Route, route
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
 
@@ -62,18 +70,8 @@ log = logging.getLogger("exporter.http")
 #: At most this many requests in flight per client (across all targets).
 DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
-
-Query = list[tuple[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One HTTP request standing for one utility call."""
-
-    verb: str
-    path: str
-    query: Query | None = None
-    body: dict[str, Any] | None = None  # sent as JSON
+#: A plugin target's gate answer serves the read methods of requests started this soon after.
+PLUGIN_SHARE_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +90,22 @@ class _TargetState:
     #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
     vllm_version: str | None = None
     version_pending: bool = False
+    #: A plugin-enabled server (URL ending in /dp): its engines' ranks, once it named them.
+    plugin: bool = False
+    ranks: list[str] = field(default_factory=list)
+    #: The gate answer of the poll running now, shared by its read methods.
+    sample: asyncio.Task[tuple[int, bytes, float]] | None = None
+    sampled_at: float = 0.0
+    #: The last gate answer that arrived, and when (a slower one than a poll's deadline is
+    #: used by the next poll: the server's own fan-out waits its own call timeout).
+    answered: tuple[int, bytes, float] | None = None
+    answered_at: float = 0.0
+
+    def labels(self) -> list[str]:
+        """This target's engine labels: one per engine of a plugin target, once known."""
+        if self.plugin and self.ranks:
+            return [engine_label(self.target.label, r) for r in self.ranks]
+        return [self.target.label]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +128,7 @@ class HttpFleetClient:
     allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
 
     def __post_init__(self) -> None:
-        self._states = [_TargetState(t) for t in self.targets]
+        self._states = [_TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
@@ -125,21 +139,22 @@ class HttpFleetClient:
 
     @property
     def engine_labels(self) -> list[str]:
-        return [t.label for t in self.targets]
+        return [label for s in self._states for label in s.labels()]
 
     def engine_details(self) -> list[EngineDetail]:
         return [
             EngineDetail(
-                engine=s.target.label,
+                engine=label,
                 connected=s.connected,
                 address=s.target.url,
                 vllm_version=s.vllm_version,
             )
             for s in self._states
+            for label in s.labels()
         ]
 
     def connected_count(self) -> int:
-        return sum(1 for s in self._states if s.connected)
+        return sum(len(s.labels()) for s in self._states if s.connected)
 
     def supports(self, method: str) -> bool:
         """Allow-listed and mapped to a route (whether a given server has the route shows in
@@ -187,9 +202,11 @@ class HttpFleetClient:
         given); one outcome per called target, in target order."""
         check_allowed(method, self.allowed_methods)
         spec = route(method, args)
-        states = [s for s in self._states if engines is None or s.target.label in engines]
+        wanted = None if engines is None else set(engines)
+        states = [s for s in self._states if wanted is None or not wanted.isdisjoint(s.labels())]
         tasks = {
-            s.target.label: asyncio.create_task(self._call_one(s, method, spec)) for s in states
+            s.target.label: asyncio.create_task(self._call_target(s, method, spec, timeout_s))
+            for s in states
         }
         if not tasks:
             return []
@@ -200,22 +217,78 @@ class HttpFleetClient:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
-        results = []
+        results: list[EngineOutcome] = []
         for s in states:
             task = tasks[s.target.label]
             if task.cancelled():
                 s.connected = False
-                results.append(timed_out(s.target.label, timeout_s))
+                results.extend(timed_out(label, timeout_s) for label in s.labels())
                 continue
             exc = task.exception()
             if exc is not None:  # a bug, not the target: keep it visible but do not crash polls
                 log.error("%s on target %s: %s", method, s.target.label, type(exc).__name__)
-                results.append(
-                    EngineOutcome(s.target.label, Outcome.FAILED, error=type(exc).__name__)
+                results.extend(
+                    EngineOutcome(label, Outcome.FAILED, error=type(exc).__name__)
+                    for label in s.labels()
                 )
             else:
-                results.append(task.result())
+                results.extend(task.result())
+        if wanted is not None:
+            results = [o for o in results if o.engine in wanted]
         return results
+
+    async def _call_target(
+        self, state: _TargetState, method: str, spec: Route, timeout_s: float
+    ) -> list[EngineOutcome]:
+        if not state.plugin:
+            return [await self._call_one(state, method, spec)]
+        if method not in GATE_KEYS:
+            hint = ACTION_HINT.format(url=state.target.url)
+            return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
+        answer = await self._gate_answer(state, timeout_s)
+        if answer is None:
+            return [timed_out(label, timeout_s) for label in state.labels()]
+        status, body, duration = answer
+        ranks = gate_engines(status, body)
+        if ranks is not None:
+            state.ranks = sorted(set(state.ranks) | set(ranks), key=int)
+        if not state.ranks:  # nothing named yet: the target stands for its engines
+            (outcome,) = gate_outcomes(state.target.label, ["?"], method, status, body, duration)
+            return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]
+        return gate_outcomes(state.target.label, state.ranks, method, status, body, duration)
+
+    async def _gate_answer(
+        self, state: _TargetState, timeout_s: float
+    ) -> tuple[int, bytes, float] | None:
+        """A gate answer for this poll: one ``GET <url>/gate`` shared by the poll's read
+        methods (started within ``PLUGIN_SHARE_S``, or still running, it is reused). The
+        server's own fan-out waits up to its own call timeout for a hung engine, which may be
+        this deadline: an answer that arrives later is the next poll's, if no older than two
+        deadlines. None: no answer to use (every engine of the target timed out)."""
+        task = state.sample
+        fresh = time.monotonic() - state.sampled_at < PLUGIN_SHARE_S
+        if task is None or not (fresh or not task.done()):
+            state.sampled_at = time.monotonic()
+            task = state.sample = asyncio.ensure_future(self._fetch_gate(state))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout_s * 0.9)
+        except asyncio.TimeoutError:
+            recent = time.monotonic() - state.answered_at < 2 * timeout_s
+            return state.answered if recent else None
+
+    async def _fetch_gate(self, state: _TargetState) -> tuple[int, bytes, float]:
+        async with self._semaphore:
+            started = time.perf_counter()
+            try:
+                reply = await self._request(self._pooled(), state, Route("GET", "/gate"))
+            except (_Retryable, aiohttp.ClientError, OSError) as exc:
+                state.connected = False
+                error = json.dumps({"error": _connection_error(state.target, exc)}).encode()
+                return 503, error, time.perf_counter() - started
+            state.connected = reply.status in (200, 412)
+            state.answered = (reply.status, reply.body, time.perf_counter() - started)
+            state.answered_at = time.monotonic()
+            return state.answered
 
     # -- one target --------------------------------------------------------------------------
 
@@ -293,82 +366,6 @@ class HttpFleetClient:
             raise  # could not connect at all: nothing to retry
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise _Retryable(type(exc).__name__) from exc
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _no_args(method: str, args: tuple[Any, ...]) -> None:
-    if args:
-        raise MethodNotAllowed(f"{method} takes no arguments")
-
-
-def route(method: str, args: tuple[Any, ...] = ()) -> Route:
-    """Pure: the request for one utility call (``MethodNotAllowed`` for a method without a
-    route or arguments the route cannot carry)."""
-    if method == "is_sleeping":
-        _no_args(method, args)
-        return Route("GET", "/is_sleeping")
-    if method == "is_scheduler_paused":
-        _no_args(method, args)
-        return Route("GET", "/is_paused")
-    if method == "get_weight_version":
-        _no_args(method, args)
-        return Route("GET", "/weight_info")
-    if method == "reset_prefix_cache":
-        if len(args) > 2 or not all(isinstance(a, bool) for a in args):
-            raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")
-        running = args[0] if args else False
-        external = args[1] if len(args) > 1 else False
-        query = [("reset_running_requests", _bool(running)), ("reset_external", _bool(external))]
-        return Route("POST", "/reset_prefix_cache", query)
-    if method in ("reset_mm_cache", "reset_encoder_cache", "resume_scheduler"):
-        _no_args(method, args)
-        path = "/resume" if method == "resume_scheduler" else f"/{method}"
-        return Route("POST", path)
-    if method == "sleep":
-        if len(args) > 2:
-            raise MethodNotAllowed("sleep takes (level[, mode])")
-        level = args[0] if args else 1
-        if isinstance(level, bool) or not isinstance(level, int):
-            raise MethodNotAllowed("sleep's level must be an integer")
-        query = [("level", str(level))]
-        if len(args) > 1:
-            query.append(("mode", _mode(args[1])))
-        return Route("POST", "/sleep", query)
-    if method == "wake_up":
-        if len(args) > 1:
-            raise MethodNotAllowed("wake_up takes ([tags])")
-        tags = args[0] if args else None
-        if tags is None:
-            return Route("POST", "/wake_up")
-        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
-            raise MethodNotAllowed("wake_up's tags must be a list of strings")
-        return Route("POST", "/wake_up", [("tags", t) for t in tags])
-    if method == "pause_scheduler":
-        if len(args) > 2:
-            raise MethodNotAllowed("pause_scheduler takes ([mode[, clear_cache]])")
-        query = [("mode", _mode(args[0] if args else "abort"))]
-        if len(args) > 1:
-            if not isinstance(args[1], bool):
-                raise MethodNotAllowed("pause_scheduler's clear_cache must be a boolean")
-            query.append(("clear_cache", _bool(args[1])))
-        return Route("POST", "/pause", query)
-    if method == "set_weight_version":
-        if len(args) != 1 or not isinstance(args[0], str):
-            raise MethodNotAllowed("set_weight_version takes one string")
-        return Route("POST", "/update_weight_version", body={"new_version": args[0]})
-    if method == "compute_weight_checksums":
-        _no_args(method, args)
-        return Route("POST", "/weight_checker", body={"action": "checksum"})
-    raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
-
-
-def _mode(mode: Any) -> str:
-    if not isinstance(mode, str):
-        raise MethodNotAllowed("the pause mode must be a string")
-    return mode
 
 
 def _connection_error(target: HttpTarget, exc: BaseException) -> str:

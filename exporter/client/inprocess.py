@@ -43,6 +43,10 @@ log = logging.getLogger("exporter.inprocess")
 #: This client's calls per engine that may wait in vLLM's client for a reply at once (a poll
 #: asks three methods at once; the gate and an admin action may add one each).
 MAX_IN_FLIGHT = 8
+#: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
+FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
+#: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
+FRONT_END_TIMEOUT_S = 5.0
 ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
 
 
@@ -125,6 +129,13 @@ class InProcessFleetClient:
         started = time.perf_counter()
         results: dict[str, EngineOutcome] = {}
         calls: dict[asyncio.Task[Any], str] = {}
+        #: When each call resolved: an engine's duration is its own round trip, not the
+        #: fan-out's (which a hung engine stretches to the timeout).
+        finished: dict[asyncio.Task[Any], float] = {}
+
+        def finish(task: asyncio.Task[Any]) -> None:
+            finished[task] = time.perf_counter()
+
         for label, identity in targets:
             waiting = self._in_flight.get(label, 0)
             if waiting >= self._max_in_flight:
@@ -135,17 +146,33 @@ class InProcessFleetClient:
                     duration_s=0.0,
                 )
                 continue
-            calls[self._send(label, identity, method, args)] = label
+            task = self._send(label, identity, method, args)
+            task.add_done_callback(finish)
+            calls[task] = label
         if calls:
             done, _ = await asyncio.wait(calls, timeout=timeout_s)
-            elapsed = time.perf_counter() - started
+            now = time.perf_counter()
             for task, label in calls.items():
                 if task in done:
-                    results[label] = self._outcome(label, task, elapsed)
+                    results[label] = self._outcome(label, task, finished.get(task, now) - started)
                 else:  # left running: vLLM's future is removed only by the reply
                     results[label] = timed_out(label, timeout_s)
-                    self._outstanding.add(task)
-        return [results[label] for label, _ in targets]
+        outcomes = [results[label] for label, _ in targets]
+        if method in FRONT_END_METHODS and engines is None and all(o.ok for o in outcomes):
+            await self._keep_front_end(method, args, outcomes)
+        return outcomes
+
+    async def _keep_front_end(
+        self, method: str, args: tuple[Any, ...], outcomes: list[EngineOutcome]
+    ) -> None:
+        """vLLM's own bookkeeping of the same action (never raises: the action is done)."""
+        try:
+            await asyncio.wait_for(
+                self.core.after_fleet_call(method, args, [o.value for o in outcomes]),
+                FRONT_END_TIMEOUT_S,
+            )
+        except (Exception, asyncio.TimeoutError) as exc:  # the engines' state is right anyway
+            log.warning("vLLM's front-end bookkeeping after %s failed: %s", method, exc)
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -179,6 +206,9 @@ class InProcessFleetClient:
         """One call, counted in flight until vLLM's client resolves it (reply or death)."""
         self._in_flight[label] = self._in_flight.get(label, 0) + 1
         task = asyncio.ensure_future(self.core.call(method, args, identity))
+        # Tracked from the start, so close() also cancels the calls of a fan-out still
+        # waiting, or of one whose caller was cancelled (the poller's task at stop).
+        self._outstanding.add(task)
 
         def resolved(done: asyncio.Task[Any]) -> None:
             self._outstanding.discard(done)

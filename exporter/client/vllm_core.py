@@ -75,6 +75,9 @@ class VllmCore:
     core: Any = field(repr=False)
     vllm_version: str | None = None
     enable_sleep_mode: bool | None = None
+    #: The ``AsyncLLM`` that owns ``core``: what it records beside an engine call is kept in
+    #: step (``after_fleet_call``). None: nothing to keep (a bare engine-core client).
+    front_end: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_core(self.core)
@@ -97,6 +100,27 @@ class VllmCore:
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
         return await self.core._call_utility_async(method, *args, engine=identity)
+
+    async def after_fleet_call(self, method: str, args: tuple[Any, ...], values: list[Any]) -> None:
+        """What ``AsyncLLM`` does beside the same call to every engine, done once every engine
+        confirmed it (vLLM 0.32, 0.33: ``AsyncLLM.sleep``, ``wake_up``, ``pause_generation``):
+        the front end's multimodal cache cleared, and the sleep state its own
+        ``vllm:engine_sleep_state`` reports recorded, so vLLM's series do not go stale."""
+        llm = self.front_end
+        if llm is None:
+            return
+        logger_manager: Any = getattr(llm, "logger_manager", None)
+        renderer: Any = getattr(llm, "renderer", None)
+        clears_cache = (method == "sleep" and (args[0] if args else 1) >= 1) or (
+            method == "pause_scheduler" and (args[1] if len(args) > 1 else True)
+        )
+        if clears_cache and hasattr(renderer, "clear_mm_cache_async"):
+            await renderer.clear_mm_cache_async()
+        if hasattr(logger_manager, "record_sleep_state"):
+            if method == "sleep":
+                logger_manager.record_sleep_state(1, args[0] if args else 1)
+            elif method == "wake_up" and all(v is True for v in values):
+                logger_manager.record_sleep_state(0, 0)
 
 
 def _rank_key(entry: tuple[str, bytes]) -> int:

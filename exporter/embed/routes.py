@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,10 +27,13 @@ from exporter.control.actions import ACTIONS, ActionSpec
 from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.embed.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
+from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest
 from exporter.web.statusdoc import status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
+
+log = logging.getLogger("exporter.inprocess")
 
 PREFIX = "/dp"
 TAGS: list[str | Any] = ["dp_exporter"]
@@ -102,16 +106,34 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         }
         return json_response(body, status=200 if snap.ready else 503)
 
+    def ours(own: list[Family] | None) -> bytes:
+        """The ``vllm_dp_*`` series (every API server's, merged), or nothing: a failure here
+        is logged and never costs vLLM its own series."""
+        if own is None:
+            return b""
+        try:
+            return render_text(runtime.merge(own))
+        except Exception:
+            log.exception("dp_exporter: the vllm_dp_* series could not be rendered")
+            return b""
+
     async def metrics(request: Request) -> Response:
         """vLLM's series, then ours (absent while the plugin is not running)."""
         own = runtime.families()
-
-        def render() -> bytes:
-            ours = render_text(runtime.merge(own)) if own is not None else b""
-            return vllm_metrics() + ours
-
-        body = await asyncio.to_thread(render)
+        body = await asyncio.to_thread(lambda: vllm_metrics() + ours(own))
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def dp_metrics(request: Request) -> Response:
+        """The ``vllm_dp_*`` series alone (the status page links here; a scrape of its own)."""
+        own = runtime.families()
+        if own is None:
+            return _unavailable(runtime)
+        body = await asyncio.to_thread(ours, own)
+        return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def healthz(request: Request) -> Response:
+        """The plugin answers (the status page links here); /dp/readyz says whether it polls."""
+        return json_response({"status": "ok" if runtime.exporter is not None else "not running"})
 
     app.add_api_route(
         f"{PREFIX}/status",
@@ -129,6 +151,16 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         response_class=Response,
     )
     app.add_api_route(PREFIX, to_page, methods=["GET"], include_in_schema=False)
+    app.add_api_route(
+        f"{PREFIX}/metrics",
+        dp_metrics,
+        methods=["GET"],
+        tags=TAGS,
+        summary="The vllm_dp_* series alone",
+    )
+    app.add_api_route(
+        f"{PREFIX}/healthz", healthz, methods=["GET"], tags=TAGS, summary="The plugin answers"
+    )
     app.add_api_route(
         f"{PREFIX}/gate", gate, methods=["GET"], tags=TAGS, summary="The safe-to-resume gate"
     )

@@ -16,9 +16,10 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.base.logs import configure_embedded_logging
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.client.inprocess import InProcessFleetClient
-from exporter.config.settings import ServeConfig
+from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
 from exporter.embed.shared import ProcessShare
 from exporter.embed.trainer import inprocess_config
@@ -59,6 +60,10 @@ class InProcessRuntime:
         if engine_client is None:
             raise ExporterError("this vLLM server has no engine (the render server)")
         config = plugin_config(self._environ)
+        if not logging.getLogger().handlers:  # vLLM configures its own logger only
+            configure_embedded_logging(config.log_level, config.log_format)
+        for warning in env_warnings(self._environ) + secret_file_warnings(config):
+            log.warning("dp_exporter: %s", warning)
         exporter = Exporter(config, client=InProcessFleetClient(core_of(engine_client)))
         self.server = api_server(engine_client, args)
         await exporter.start()

@@ -51,6 +51,7 @@ class ProcessShare:
         self._stale_s = stale_s
         self._written: Hashable = None
         self._warned: dict[str, float] = {}
+        self._removed = False
 
     def snapshot(self) -> bytes | None:
         """This process's families as the file's bytes when they changed since the last
@@ -63,10 +64,16 @@ class ProcessShare:
         return families_to_json(self._families())
 
     def write(self, data: bytes) -> None:
-        """Replace this process's file atomically (blocking: run it off the loop)."""
+        """Replace this process's file atomically (blocking: run it off the loop). A write
+        still running in its thread when ``remove()`` ran (cancelling ``run`` does not stop
+        the thread) removes what it wrote."""
+        if self._removed:
+            return
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, self.path)
+        if self._removed:
+            self.remove()
 
     async def run(self, interval_s: float) -> None:
         """Publish every ``interval_s`` when something changed."""
@@ -81,6 +88,8 @@ class ProcessShare:
             await asyncio.sleep(interval_s)
 
     def remove(self) -> None:
+        """This process's file removed, and never written again."""
+        self._removed = True
         with contextlib.suppress(OSError):
             self.path.unlink()
 

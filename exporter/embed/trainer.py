@@ -12,19 +12,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from exporter.client.inprocess import InProcessFleetClient
-from exporter.config.settings import ServeConfig, resolve_config
+from exporter.config.settings import DERIVED, ENV_PREFIX, ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
 from exporter.embed.vllm_facts import core_of
+from exporter.error import ConfigError
 from exporter.web.app import RunningService, start_service
+
+DEFAULT_LISTEN = "127.0.0.1:19400"
+DEFAULT_ADMIN_LISTEN = "127.0.0.1:19401"
+#: What ``settings`` may name: ``ServeConfig``'s fields (not the derived ones) and ``config``.
+SETTING_NAMES = (frozenset(f.name for f in fields(ServeConfig)) - DERIVED) | {"config"}
 
 
 def inprocess_config(environ: Mapping[str, str] | None = None, **settings: Any) -> ServeConfig:
     """The configuration of in-process mode: ``settings`` (``ServeConfig`` field names) over
     the ``VLLM_DP_EXPORTER_*`` environment over the config file (``VLLM_DP_EXPORTER_CONFIG``)
     over the defaults, checked as ``serve`` checks its own. ``ConfigError`` when invalid."""
+    unknown = sorted(set(settings) - SETTING_NAMES)
+    if unknown:  # resolve_config ignores names it does not know: a typo would be silent
+        raise ConfigError(f"in-process mode: unknown setting {', '.join(map(repr, unknown))}")
     env = os.environ if environ is None else environ
     return resolve_config(None, environ=env, **{**settings, "attach": "inprocess"})
 
@@ -32,8 +42,8 @@ def inprocess_config(environ: Mapping[str, str] | None = None, **settings: Any) 
 async def start_exporter(
     engine_client: Any,
     *,
-    listen: str = "127.0.0.1:19400",
-    admin_listen: str = "127.0.0.1:19401",
+    listen: str | None = None,
+    admin_listen: str | None = None,
     environ: Mapping[str, str] | None = None,
     **settings: Any,
 ) -> RunningService:
@@ -41,11 +51,16 @@ async def start_exporter(
     event loop, which must be the one that runs the ``AsyncLLM``.
 
     ``listen`` and ``admin_listen`` are ``HOST:PORT`` (port 0: any free port, see the returned
-    service's ``url`` and ``admin_url``; ``admin_listen="off"``: no admin listener). Other
+    service's ``url`` and ``admin_url``; ``admin_listen="off"``: no admin listener); when not
+    given, ``VLLM_DP_EXPORTER_LISTEN`` / ``_ADMIN_LISTEN`` or else loopback (``127.0.0.1:19400``
+    and ``127.0.0.1:19401``: a trainer's process is no public server). Other
     keyword arguments are settings by their ``ServeConfig`` names (``poll_interval=1.0``,
     ``admin_token_file=...``). Raises ``ConfigError`` (bad settings, a vLLM without what this
     mode needs, another event loop) or ``StartupError`` (a port in use), with nothing left
     running."""
-    config = inprocess_config(environ, listen=listen, admin_listen=admin_listen, **settings)
+    env = os.environ if environ is None else environ
+    listen = listen or env.get(ENV_PREFIX + "LISTEN") or DEFAULT_LISTEN
+    admin_listen = admin_listen or env.get(ENV_PREFIX + "ADMIN_LISTEN") or DEFAULT_ADMIN_LISTEN
+    config = inprocess_config(env, listen=listen, admin_listen=admin_listen, **settings)
     client = InProcessFleetClient(core_of(engine_client))
     return await start_service(config, Exporter(config, client=client))

@@ -91,4 +91,5 @@ def core_of(engine_client: Any) -> VllmCore:
         engine_core_of(engine_client),
         vllm_version=vllm_version(),
         enable_sleep_mode=sleep_mode(engine_client),
+        front_end=engine_client,
     )

@@ -17,7 +17,11 @@ from exporter.protocol.strings import bound_text
 
 #: What vLLM's dispatch answers for a method the engine does not have (docs/protocol.md C.3),
 #: and what the HTTP transport answers for a route the API server does not have.
-UNSUPPORTED_MARKERS = ("object has no attribute", "route not found on this server")
+UNSUPPORTED_MARKERS = (
+    "object has no attribute",
+    "route not found on this server",
+    "unsupported by this engine",  # the gate's wording (a plugin-enabled server in HTTP mode)
+)
 
 
 def _is_bool(value: Any) -> bool:

@@ -44,19 +44,24 @@ def families_to_json(families: Sequence[Family]) -> bytes:
 
 def families_from_json(data: bytes) -> list[Family]:
     """The families another process published; ``BadShare`` for anything else (unknown
-    names, wrong shapes, too many rows)."""
+    names, label names not the catalog's, wrong shapes, a series or family twice, too many
+    rows): what it returns renders as valid exposition text."""
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise BadShare(f"not JSON: {exc}") from None
     if not isinstance(doc, list):
         raise BadShare("not a list of families")
-    families, rows = [], 0
+    families: list[Family] = []
+    rows, names = 0, set[str]()
     for entry in doc:
         fam = _family(entry)
         rows += len(fam.rows) + len(fam.histograms)
         if rows > MAX_ROWS:
             raise BadShare(f"more than {MAX_ROWS} rows")
+        if fam.spec.name in names:
+            raise BadShare(f"{fam.spec.name} twice")
+        names.add(fam.spec.name)
         families.append(fam)
     return families
 
@@ -68,11 +73,16 @@ def _family(entry: Any) -> Family:
     if spec is None:
         raise BadShare(f"unknown family {entry['name']!r}")
     labels = _labels(entry.get("labels"))
+    # The renderer writes label names as they are (the catalog's are valid by construction):
+    # only the catalog's names, and model_name, are believed.
+    if labels not in (spec.labels, (*spec.labels, "model_name")):
+        raise BadShare(f"{spec.name}: label names {list(labels)!r} are not the catalog's")
     fam = Family(spec, labels)
+    seen: set[Labels] = set()
     for row in _list(entry.get("rows")):
         if not (isinstance(row, list) and len(row) == 2):
             raise BadShare(f"{spec.name}: a row is not [labels, value]")
-        fam.rows.append((_values(row[0], len(labels)), _number(row[1])))
+        fam.rows.append((_unique(spec.name, row[0], len(labels), seen), _number(row[1])))
     for hist in _list(entry.get("histograms")):
         if not (isinstance(hist, list) and len(hist) == 3):
             raise BadShare(f"{spec.name}: a histogram is not [labels, buckets, sum]")
@@ -81,8 +91,20 @@ def _family(entry: Any) -> Family:
             if not (isinstance(bucket, list) and len(bucket) == 2 and isinstance(bucket[0], str)):
                 raise BadShare(f"{spec.name}: a bucket is not [le, count]")
             buckets.append((bucket[0], _number(bucket[1])))
-        fam.histograms.append((_values(hist[0], len(labels)), buckets, _number(hist[2])))
+        if not buckets:
+            raise BadShare(f"{spec.name}: a histogram without buckets")
+        values = _unique(spec.name, hist[0], len(labels), seen)
+        fam.histograms.append((values, buckets, _number(hist[2])))
     return fam
+
+
+def _unique(name: str, value: Any, count: int, seen: set[Labels]) -> Labels:
+    """Label values, once per family (a series twice fails the whole scrape)."""
+    values = _values(value, count)
+    if values in seen:
+        raise BadShare(f"{name}: the series {list(values)!r} twice")
+    seen.add(values)
+    return values
 
 
 def _list(value: Any) -> list[Any]:
@@ -110,7 +132,10 @@ def _values(value: Any, count: int) -> Labels:
 def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadShare("a value is not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float
+        raise BadShare("a value is too large") from None
 
 
 def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]) -> list[Family]:

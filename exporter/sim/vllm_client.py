@@ -72,6 +72,9 @@ class SimEngineCore:
         future = self.utility_results.pop(call_id)  # vLLM's handler: no default
         if task.cancelled() or future.done():
             return  # the caller was cancelled: vLLM drops the late reply the same way
+        if task.exception() is not None:  # the wire refused the call (not allow-listed)
+            future.set_exception(Exception(str(task.exception())))
+            return
         (outcome,) = task.result()
         if outcome.outcome is Outcome.OK:
             future.set_result(outcome.value)
@@ -96,12 +99,36 @@ class SimEngineCore:
         await self._wire.close()
 
 
+class SimLoggerManager:
+    """vLLM's ``StatLoggerManager`` as far as ``AsyncLLM.sleep``/``wake_up`` use it: the sleep
+    state behind ``vllm:engine_sleep_state``."""
+
+    def __init__(self) -> None:
+        self.sleep_states: list[tuple[int, int]] = []
+
+    def record_sleep_state(self, sleep: int, level: int) -> None:
+        self.sleep_states.append((sleep, level))
+
+
+class SimRenderer:
+    """vLLM's renderer as far as ``AsyncLLM.sleep``/``pause_generation`` use it."""
+
+    def __init__(self) -> None:
+        self.mm_cache_clears = 0
+
+    async def clear_mm_cache_async(self) -> None:
+        self.mm_cache_clears += 1
+
+
 @dataclass
 class SimAsyncLLM:
-    """What in-process mode reads of vLLM's ``AsyncLLM``: ``engine_core`` and ``vllm_config``."""
+    """What in-process mode reads of vLLM's ``AsyncLLM``: ``engine_core``, ``vllm_config`` and
+    the front-end bookkeeping of sleep and pause (``logger_manager``, ``renderer``)."""
 
     engine_core: SimEngineCore
     vllm_config: Any = field(default_factory=SimpleNamespace)
+    logger_manager: SimLoggerManager = field(default_factory=SimLoggerManager)
+    renderer: SimRenderer = field(default_factory=SimRenderer)
 
     async def shutdown(self) -> None:
         await self.engine_core.close()
@@ -135,5 +162,3 @@ async def start_sim_vllm(
         ),
     )
     return SimAsyncLLM(core, vllm_config)
-
-

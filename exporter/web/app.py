@@ -184,8 +184,8 @@ async def start_service(config: ServeConfig, exporter: Exporter | None = None) -
     cannot be bound raises ``StartupError`` (one line) with nothing left running."""
     app = create_app(config, exporter)
     runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()  # starts the exporter, binds the engine-facing sockets and the admin
     try:
+        await runner.setup()  # starts the exporter, binds the engine-facing sockets, the admin
         host, port = config.listen_host_port
         tls = config.web.ssl_context if config.web is not None else None
         site = web.TCPSite(runner, host, port, ssl_context=tls)

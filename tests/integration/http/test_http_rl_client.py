@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, Outcome
-from exporter.client.http import HttpFleetClient, Route, route
+from exporter.client.http import HttpFleetClient
 from exporter.client.http_replies import (
     DEV_MODE_OFF,
     UNSUPPORTED_HINT,
@@ -17,6 +17,7 @@ from exporter.client.http_replies import (
     rank_prefix,
     split_checksums,
 )
+from exporter.client.http_routes import Route, route
 from exporter.control.attach import parse_targets
 from exporter.error import MethodNotAllowed
 from exporter.sim.engine import SimOptions
