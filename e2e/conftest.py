@@ -32,12 +32,7 @@ def runtime() -> VllmRuntime:
     return prepare_runtime()
 
 
-@pytest.fixture(scope="module")
-def procs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ProcessGroup]:
-    """Every process a test module starts; all stopped (by process group) when it ends."""
-    name = request.module.__name__.rsplit(".", 1)[-1]
+def _running_group(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:
     group = ProcessGroup(tmp_path_factory.mktemp(f"logs-{name}", numbered=True))
     _ACTIVE.append(group)
     try:
@@ -45,6 +40,26 @@ def procs(
     finally:
         group.stop_all()
         _ACTIVE.remove(group)
+
+
+@pytest.fixture(scope="module")
+def procs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProcessGroup]:
+    """Every process a test module starts; all stopped (by process group) when it ends."""
+    yield from _running_group(request.module.__name__.rsplit(".", 1)[-1], tmp_path_factory)
+
+
+@pytest.fixture(scope="class")
+def class_procs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProcessGroup]:
+    """Every process one test class starts; all stopped when its last test ends, so a module
+    with one deployment per class never runs two deployments' vLLM processes at once."""
+    cls = request.cls.__name__ if request.cls is not None else "noclass"
+    yield from _running_group(
+        f"{request.module.__name__.rsplit('.', 1)[-1]}-{cls}", tmp_path_factory
+    )
 
 
 def _open_shared(name: str, tmp_path_factory: pytest.TempPathFactory) -> ProcessGroup:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from e2e import web
 from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
@@ -28,6 +29,12 @@ PROMPT = "w1 w2 w3 w4"
 # Long enough that 2 requests per engine run for half a minute on 2 cores (about 50-60 tokens
 # per second each), so they hold KV blocks while the refused resets are sent.
 LONG_TOKENS = 2500
+KV_TOPIC = "kv-e2e"
+KV_EVENTS_CONFIG = json.dumps(
+    {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0", "topic": KV_TOPIC}
+)
+# Longer than one KV block (128 tokens on CPU), so a completion stores at least one block.
+BLOCK_PROMPT = " ".join(f"w{i}" for i in range(300))
 
 
 @dataclass
@@ -56,7 +63,13 @@ def relay(
         "exporter",
         relay_args(relay_port, front_handshake, free_port_range(3), state_file),
     )
-    engines = procs.start("vllm-engines", runtime.headless_engines(relay_port), runtime.env())
+    # KV events on (scenario 9): each engine binds its publisher on a free loopback port
+    # (tcp://*:0 with VLLM_HOST_IP: vLLM resolves it to that address) and registers it.
+    engines = procs.start(
+        "vllm-engines",
+        [*runtime.headless_engines(relay_port), "--kv-events-config", KV_EVENTS_CONFIG],
+        runtime.env({"VLLM_HOST_IP": "127.0.0.1"}),
+    )
     exporter.wait_ready(READY_TIMEOUT_S, engines, front_end)
     wait_api_ready(api_url, front_end, engines)
     return RelayDeployment(front_end, engines, exporter, api_url)
@@ -212,3 +225,67 @@ def test_scenario4_reset_refused_by_engines_with_running_requests(
 
     # Nothing runs any more: a plain reset is confirmed again.
     assert_confirmed_by_both(exporter.reset())
+
+
+def _subscribe(context: zmq.Context[zmq.Socket[bytes]], target: str) -> zmq.Socket[bytes]:
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, KV_TOPIC.encode())
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://{target}")
+    return sub
+
+
+def _events_until(subs: list[zmq.Socket[bytes]], marker: bytes, timeout_s: float) -> int:
+    """The index of the first socket that receives a batch naming ``marker`` (vLLM's
+    msgpack tags its events by class name), within ``timeout_s``."""
+    poller = zmq.Poller()
+    for sub in subs:
+        poller.register(sub, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for sock, _ in poller.poll(500):
+            frames = sock.recv_multipart()  # topic, sequence, payload
+            if frames[0] == KV_TOPIC.encode() and marker in frames[-1]:
+                return subs.index(sock)
+    raise AssertionError(f"no {marker.decode()} event within {timeout_s}s")
+
+
+def test_scenario9_kv_events_targets_and_reset_times(relay: RelayDeployment) -> None:
+    """Every rank's KV-events publisher from the exporter's http_sd document; a completion
+    stores blocks there; a reset moves that rank's reset time at once, and its
+    AllBlocksCleared arrives with the next completion (vLLM publishes at the next step)."""
+    exporter, api = relay.exporter, relay.api_url
+    reply = web.get(f"{exporter.url}/kv_events_targets")
+    assert reply.status == 200, reply.body
+    groups = reply.json()
+    assert [g["labels"]["engine"] for g in groups] == ["0", "1"], groups
+    assert all(g["labels"]["topic"] == KV_TOPIC for g in groups)
+    targets = [g["targets"][0] for g in groups]
+    assert all(t.startswith("127.0.0.1:") for t in targets) and len(set(targets)) == 2
+    before = {str(e["engine"]): e["prefix_cache"] for e in exporter.status()["engines"]}
+
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    subs = [_subscribe(context, t) for t in targets]
+    try:
+        time.sleep(1.0)  # ZMQ's slow joiner: let both subscriptions reach the publishers
+        complete(api, BLOCK_PROMPT, 4)
+        stored_on = _events_until(subs, b"BlockStored", 60)
+        assert_confirmed_by_both(exporter.reset())
+        after = {str(e["engine"]): e["prefix_cache"] for e in exporter.status()["engines"]}
+        for engine in ("0", "1"):
+            assert after[engine]["confirmed_resets"] == before[engine]["confirmed_resets"] + 1
+            assert after[engine]["last_reset_unix"] is not None
+            assert after[engine]["last_reset_unix"] > time.time() - 60
+        scrape = exporter.scrape()
+        assert scrape.value(
+            "vllm_dp_prefix_cache_last_reset_timestamp_seconds", engine=str(stored_on)
+        ) == pytest.approx(after[str(stored_on)]["last_reset_unix"], abs=1.0)
+        # The same prompt again: vLLM's load balancer may place it on either engine; each
+        # publishes its AllBlocksCleared with its next step.
+        complete(api, BLOCK_PROMPT, 4)
+        complete(api, BLOCK_PROMPT + " again", 4)
+        _events_until(subs, b"AllBlocksCleared", 60)
+    finally:
+        for sub in subs:
+            sub.close()
+        context.term()

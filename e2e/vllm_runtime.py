@@ -84,6 +84,11 @@ class VllmRuntime:
         """A single-engine API server (one HTTP target)."""
         return self._serve(*cli_flags(host=HOST, port=api_port))
 
+    def data_parallel_server(self, api_port: int, count: int = 2, *extra: str) -> list[str]:
+        """``vllm serve`` with ``count`` local DP engines behind vLLM's internal load balancer
+        (``--api-server-count`` left to vLLM: it defaults to ``count`` API servers)."""
+        return self._serve(*cli_flags(host=HOST, port=api_port, data_parallel_size=count), *extra)
+
 
 def ensure_model(venv: Path) -> Path:
     """Generate the tiny model once into the cache (atomically: a half-written folder from an

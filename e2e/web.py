@@ -6,7 +6,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,10 +24,16 @@ class Reply:
         return json.loads(self.body)
 
 
-def request(method: str, url: str, payload: Any = None, timeout_s: float = 10.0) -> Reply:
+def request(
+    method: str,
+    url: str,
+    payload: Any = None,
+    timeout_s: float = 10.0,
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
     """One HTTP request; HTTP error statuses are returned, connection errors raise OSError."""
     data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:

@@ -47,8 +47,8 @@ labelled counters appear with their first increment.
 
 In-process mode (the `dp_exporter` plugin inside `vllm serve`) publishes these series on vLLM's
 own `/metrics`, after vLLM's series; with several API server processes, gauges come from API
-server 0 and counters and histograms are summed over every API server
-([inprocess.md](inprocess.md)).
+server 0 (the prefix-cache reset times: the latest of every API server) and counters and
+histograms are summed over every API server ([inprocess.md](inprocess.md)).
 
 | name | type | labels | modes | meaning |
 |---|---|---|---|---|

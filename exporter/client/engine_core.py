@@ -135,6 +135,7 @@ class EngineCoreClient:
                     vllm_version=reg.vllm_version if reg else None,
                     enable_sleep_mode=reg.enable_sleep_mode if reg else None,
                     handshakes=link.handshakes,
+                    kv_events=reg.kv_events if reg else None,
                 )
             )
         return details

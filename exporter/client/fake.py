@@ -19,6 +19,7 @@ from exporter.client.fleet import (
     Outcome,
     check_allowed,
 )
+from exporter.protocol.kv_events import KvEventsSource
 
 #: ``handler(engine label, method, args)``: a value is an OK answer; an ``EngineOutcome`` is
 #: returned as it is (failed, timeout, disconnected ...).
@@ -35,6 +36,8 @@ class FakeFleet:
     unsupported: frozenset[str] = frozenset()
     disconnected: set[str] = field(default_factory=set)
     vllm_version: str | None = "0.33.0"
+    #: Engine → its KV-events publisher (as a registration would carry it).
+    kv_events: dict[str, KvEventsSource] = field(default_factory=dict)
     #: Every call made, in order: (engine, method, args).
     calls: list[tuple[str, str, tuple[Any, ...]]] = field(default_factory=list)
     started: bool = False
@@ -52,6 +55,7 @@ class FakeFleet:
                 vllm_version=self.vllm_version,
                 enable_sleep_mode=True,
                 handshakes=1,
+                kv_events=self.kv_events.get(e),
             )
             for e in self.engines
         ]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import msgspec
 
 from exporter.error import MethodNotAllowed
+from exporter.protocol.kv_events import KvEventsSource
 
 #: Read-only methods: the poller and the gate send only these.
 READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
@@ -97,6 +98,9 @@ class EngineDetail:
     vllm_version: str | None = None
     enable_sleep_mode: bool | None = None
     handshakes: int = 0
+    #: The engine's KV-events publisher from its registration (owner, relay and in-process
+    #: mode); None: it publishes none, or this attach mode cannot know.
+    kv_events: KvEventsSource | None = None
 
 
 class FleetClient(Protocol):

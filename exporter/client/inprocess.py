@@ -77,6 +77,7 @@ class InProcessFleetClient:
     def engine_details(self) -> list[EngineDetail]:
         connected = not self.core.dead()
         where = f"in-process (vLLM client {self.core.client_index})"
+        kv_events = self.core.kv_event_sources()
         return [
             EngineDetail(
                 engine=label,
@@ -85,6 +86,7 @@ class InProcessFleetClient:
                 vllm_version=self.core.vllm_version,
                 enable_sleep_mode=self.core.enable_sleep_mode,
                 handshakes=1,
+                kv_events=kv_events.get(label),
             )
             for label, _ in self.core.engines()
         ]

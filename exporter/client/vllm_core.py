@@ -8,7 +8,9 @@ vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``
   afresh on every call: elastic EP changes the list);
 * ``_call_utility_async(method, *args, engine=identity)``: one utility call to one engine, no
   timeout of its own; its future sits in ``utility_results`` until the reply comes;
-* ``resources.engine_dead``: set once the engine-core client saw an engine die.
+* ``resources.engine_dead``: set once the engine-core client saw an engine die;
+* ``get_kv_event_sources()``: each ready engine's KV-events publisher config, keyed by DP rank,
+  as its registration carried it (optional here: ``{}`` without it).
 
 Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
 caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
@@ -17,16 +19,24 @@ line, which of these names a vLLM release lacks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.error import ConfigError
+from exporter.error import ConfigError, ProtocolError
+from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
+
+log = logging.getLogger("exporter.inprocess")
 
 #: What in-process mode needs of vLLM's engine-core client (vLLM 0.32 and 0.33 have all of it).
 REQUIRED_NAMES = ("core_engines", "_call_utility_async", "utility_results", "resources")
 #: The class name of vLLM's ``vllm.v1.engine.exceptions.EngineDeadError`` (not imported).
 ENGINE_DEAD_ERROR = "EngineDeadError"
+#: What in-process mode reads of each of vLLM's ``KVEventsConfig`` objects.
+KV_EVENTS_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "topic")
+#: DP ranks read from ``get_kv_event_sources`` at most (vLLM's ranks fit in two bytes).
+MAX_KV_EVENT_SOURCES = 0x10000
 
 
 def engine_core_of(engine_client: Any) -> Any:
@@ -97,6 +107,37 @@ class VllmCore:
     def pending_entries(self) -> int:
         """Futures vLLM's client holds for utility calls not answered yet (every caller's)."""
         return len(self.core.utility_results)
+
+    def kv_event_sources(self) -> dict[str, KvEventsSource]:
+        """Engine label → its KV-events publisher, from vLLM's own record of the engines'
+        registrations (``get_kv_event_sources``, vLLM 0.32 and 0.33). vLLM does not keep the
+        address each engine connected from, so a wildcard host stays unresolved (the source's
+        ``note`` says so); ``tcp://*:0`` is reported by vLLM with the node's IP."""
+        getter = getattr(self.core, "get_kv_event_sources", None)
+        if getter is None:
+            return {}
+        try:
+            items = list(getter().items())[:MAX_KV_EVENT_SOURCES]
+        except Exception:  # another vLLM's shape: nothing to report, never an error in vLLM
+            log.debug("get_kv_event_sources() failed", exc_info=True)
+            return {}
+        found = {}
+        for rank, config in items:
+            if type(rank) is not int:
+                continue
+            fields = (
+                config
+                if isinstance(config, Mapping) or config is None
+                else {name: getattr(config, name, None) for name in KV_EVENTS_FIELDS}
+            )
+            try:
+                source = parse_kv_events_config(fields)
+            except ProtocolError as exc:
+                log.debug("engine %d kv_events_config: %s", rank, exc)
+                continue
+            if source is not None:
+                found[str(rank)] = source
+        return found
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
         return await self.core._call_utility_async(method, *args, engine=identity)

@@ -1,7 +1,8 @@
 """``ActionRunner``: the one path every admin action takes once the admin listener let it
 through: its spec's fan-out with its spec's timeout, then what every action leaves behind (its
-counters, the partial-failure warning, the last action on /status) and the fresher state it
-calls for (the gate's shared sample dropped, a poll soon)."""
+counters, each engine's confirmed prefix-cache reset, the partial-failure warning, the last
+action on /status) and the fresher state it calls for (the gate's shared sample dropped, a poll
+soon)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 from exporter.control.actions import ACTIONS, ActionResult, ActionSpec
 from exporter.control.parsing import ActionRequest
+from exporter.control.resets import confirmed_resets
 from exporter.control.runtime import Exporter
 
 log = logging.getLogger("exporter.admin")
@@ -28,11 +30,22 @@ class ActionRunner:
             exporter.fleet, request, timeout_s=spec.timeout(exporter.config), shape=spec.answer
         )
         self._record(spec, result)
+        self._record_resets(request, result)
         exporter.stats.record_last_action(request.action, result.status, result.body)
         # The state may have changed: the gate's shared sample and the last poll are older.
         exporter.gate.invalidate()
         exporter.poller.poll_soon()
         return result
+
+    def _record_resets(self, request: ActionRequest, result: ActionResult) -> None:
+        """Per engine, the prefix-cache reset the action confirmed (``exporter.control.resets``),
+        stamped now: after the engine's answer, so never before the reset itself."""
+        if result.verdict is None:
+            return
+        versions = {d.engine: d.vllm_version for d in self.exporter.fleet.engine_details()}
+        engines = confirmed_resets(request, result.verdict, versions)
+        if engines:
+            self.exporter.stats.record_confirmed_resets(engines, request.action, time.time())
 
     def _record(self, spec: ActionSpec, result: ActionResult) -> None:
         stats = self.exporter.stats

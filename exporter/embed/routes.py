@@ -1,7 +1,8 @@
 """The plugin's routes on vLLM's own port, as ordinary FastAPI routes (in vLLM's OpenAPI).
 
 Under ``/dp/``: ``status`` (the ``/status`` document, same schema), the status page at ``/dp/``,
-``gate``, ``readyz`` and ``POST /dp/admin/<action>`` for every admin action. And ``GET /metrics``
+``gate``, ``readyz``, ``kv_events_targets`` (the ``http_sd`` document of the service's
+``/kv_events_targets``) and ``POST /dp/admin/<action>`` for every admin action. And ``GET /metrics``
 replaces vLLM's own route (vLLM lets an endpoint plugin do so) with vLLM's series followed by
 the ``vllm_dp_*`` series: no new port, no new scrape configuration.
 
@@ -29,6 +30,7 @@ from exporter.embed.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest
+from exporter.web.kvtargets import kv_events_targets
 from exporter.web.statusdoc import status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
@@ -106,6 +108,13 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         }
         return json_response(body, status=200 if snap.ready else 503)
 
+    async def kv_events(request: Request) -> Response:
+        exporter = runtime.exporter
+        if exporter is None:
+            return _unavailable(runtime)
+        doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
+        return json_response(doc, headers={"Cache-Control": "no-store"})
+
     def ours(own: list[Family] | None) -> bytes:
         """The ``vllm_dp_*`` series (every API server's, merged), or nothing: a failure here
         is logged and never costs vLLM its own series."""
@@ -170,6 +179,13 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         methods=["GET"],
         tags=TAGS,
         summary="Whether every engine answered the last poll",
+    )
+    app.add_api_route(
+        f"{PREFIX}/kv_events_targets",
+        kv_events,
+        methods=["GET"],
+        tags=TAGS,
+        summary="Every DP engine's KV-events publisher (Prometheus http_sd)",
     )
     app.add_api_route(
         "/metrics",

@@ -5,8 +5,10 @@ balancing), vLLM sets ``PROMETHEUS_MULTIPROC_DIR`` to a directory every API serv
 scrape reaches one of them at random. Each process writes its families to
 ``<dir>/vllm_dp_exporter.<index>.json`` (atomically, when its state changed) and the process
 that answers merges them (``exporter.metrics.merge``): gauges from API server 0, counters and
-histograms summed over every process. A file that cannot be read or believed is skipped with one
-warning per file and minute; a file older than ``stale_s`` (a process that is gone) is skipped.
+histograms summed over every process, each read from its file (its own included: up to a
+second old, the same whichever process answers). A file that cannot be read or believed is
+skipped with one warning per file and minute; a file older than ``stale_s`` (a process that is
+gone) is skipped.
 """
 
 from __future__ import annotations
@@ -94,9 +96,12 @@ class ProcessShare:
             self.path.unlink()
 
     def merged(self, own: list[Family]) -> list[Family]:
-        """``own`` (this process's families, taken on the loop) and every other process's
-        as one set (blocking file reads: call it off the loop)."""
-        others: dict[int, list[Family]] = {}
+        """Every process's published families as one set (blocking file reads: call it off
+        the loop). This process's own file is read too, not its live state: every process
+        answering a scrape then sums the same snapshots, so a counter never goes back between
+        two scrapes answered by different processes. ``own`` (taken on the loop) stands in
+        until this process's first file is written."""
+        published: dict[int, list[Family]] = {}
         now = time.time()
         try:
             entries = list(os.scandir(self.directory))
@@ -105,15 +110,14 @@ class ProcessShare:
             entries = []
         for entry in entries:
             match = FILE.match(entry.name)
-            if match is None or int(match.group(1)) == self.index:
+            if match is None:
                 continue
             families = self._read(entry, now)
             if families is not None:
-                others[int(match.group(1))] = families
-        if self.index == 0 or 0 not in others:
-            return merge_processes(own, list(others.values()))
-        leader = others.pop(0)
-        return merge_processes(leader, [own, *others.values()])
+                published[int(match.group(1))] = families
+        published.setdefault(self.index, own)
+        leader = published.pop(0 if 0 in published else self.index)
+        return merge_processes(leader, list(published.values()))
 
     def _read(self, entry: os.DirEntry[str], now: float) -> list[Family] | None:
         try:

@@ -20,6 +20,9 @@ class MetricSpec:
     labels: tuple[str, ...]
     help: str
     modes: tuple[str, ...] = ("owner", "relay", "http", "inprocess")
+    #: A gauge of *when* something happened: several API server processes' values are merged
+    #: as the latest (``exporter.metrics.merge``), not taken from API server 0 alone.
+    latest: bool = False
 
     @property
     def family(self) -> str:
@@ -166,6 +169,27 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         (),
         "Unix time of the last prefix-cache reset that every engine confirmed.",
+        latest=True,
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_last_reset_timestamp_seconds",
+        "gauge",
+        ("engine",),
+        "Unix time (the exporter's clock, taken once the engine had confirmed, so never before "
+        "the reset) of the engine's last confirmed prefix-cache reset, whatever action ran it: "
+        "an admin reset it answered true, or a pause or a sleep at level 1 or 2 it accepted "
+        "(vLLM 0.32 and 0.33 reset the cache in both). A KV-index consumer drops the rank's "
+        "entries older than this even when AllBlocksCleared never arrived. Absent until the "
+        "first since the exporter started.",
+        latest=True,
+    ),
+    MetricSpec(
+        "vllm_dp_prefix_cache_confirmed_resets_total",
+        "counter",
+        ("engine",),
+        "Prefix-cache resets the engine confirmed, whatever action ran them (the admin reset, "
+        "a pause, a sleep at level 1 or 2; see vllm_dp_prefix_cache_last_reset_timestamp_"
+        "seconds). Refused, failed and timed-out calls are not counted.",
     ),
     MetricSpec(
         "vllm_dp_admin_actions_total",

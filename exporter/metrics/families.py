@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,7 +29,7 @@ from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.invariants import WEIGHT_VERSION
 from exporter.fleetstate.snapshot import FleetSnapshot
 from exporter.metrics.catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
-from exporter.metrics.stats import Stats, histogram_rows
+from exporter.metrics.stats import Histogram, Stats, histogram_rows
 
 Labels = tuple[str, ...]
 
@@ -158,6 +158,10 @@ def _counter_rows(b: _Builder, st: Stats, faults: ProtocolErrorTally, include_re
     last_reset = b.family("vllm_dp_prefix_cache_last_success_timestamp_seconds")
     if st.last_reset_success_unix is not None:
         b.add(last_reset, (), st.last_reset_success_unix)
+    engine_reset = b.family("vllm_dp_prefix_cache_last_reset_timestamp_seconds")
+    for engine, (unix, _action) in sorted(st.last_resets.items()):
+        b.add(engine_reset, (engine,), unix)
+    b.counter("vllm_dp_prefix_cache_confirmed_resets_total", _single(st.confirmed_resets))
     b.counter("vllm_dp_admin_actions_total", st.admin_actions)
     b.counter("vllm_dp_admin_action_engine_failures_total", st.admin_action_failures)
     mismatches = b.family("vllm_dp_weight_checksum_mismatches")

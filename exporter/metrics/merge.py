@@ -5,7 +5,9 @@ a client of every engine), and a scrape of vLLM's ``/metrics`` reaches any one o
 every scrape shows the same series, once, each process publishes its families
 (``families_to_json``) and the one answering merges them as prometheus_client's multiprocess mode
 does: gauges (what a poll saw) from the leader (API server 0) only, counters and histograms (what
-happened) summed over every process. Pure functions; the files are ``exporter.embed.shared``'s.
+happened) summed over every process, and the timestamps of what happened (a prefix-cache reset,
+run by whichever process got the request) as the latest of every process. Pure functions; the
+files are ``exporter.embed.shared``'s.
 """
 
 from __future__ import annotations
@@ -140,15 +142,17 @@ def _number(value: Any) -> float:
 
 def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]) -> list[Family]:
     """One set of families: gauges from ``leader``, counters and histograms summed over the
-    leader and ``others`` (label sets only another process has are included). Families keep
-    the leader's order; a family only another process has is appended."""
+    leader and ``others`` (label sets only another process has are included), and the gauges
+    of when something happened (``MetricSpec.latest``: a reset runs in whichever process got
+    the request) as the latest of every process. Families keep the leader's order; a family
+    only another process has is appended."""
     merged: dict[str, Family] = {}
     for fam in leader:
         copy = Family(fam.spec, fam.labels, list(fam.rows), list(fam.histograms))
         merged[fam.spec.name] = copy
     for families in others:
         for fam in families:
-            if fam.spec.kind == "gauge":
+            if fam.spec.kind == "gauge" and not fam.spec.latest:
                 continue
             mine = merged.get(fam.spec.name)
             if mine is None:
@@ -157,6 +161,8 @@ def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]
                 continue  # another configuration (a model_name label): not summable
             if fam.spec.kind == "histogram":
                 mine.histograms = _sum_histograms(mine.histograms, fam.histograms)
+            elif fam.spec.kind == "gauge":
+                mine.rows = _latest_rows(mine.rows, fam.rows)
             else:
                 mine.rows = _sum_rows(mine.rows, fam.rows)
     return list(merged.values())
@@ -169,6 +175,15 @@ def _sum_rows(
     for values, value in (*a, *b):
         totals[values] = totals.get(values, 0.0) + value
     return sorted(totals.items())
+
+
+def _latest_rows(
+    a: Sequence[tuple[Labels, float]], b: Sequence[tuple[Labels, float]]
+) -> list[tuple[Labels, float]]:
+    latest: dict[Labels, float] = {}
+    for values, value in (*a, *b):
+        latest[values] = max(latest.get(values, value), value)
+    return sorted(latest.items())
 
 
 Histogram = tuple[Labels, list[tuple[str, float]], float]

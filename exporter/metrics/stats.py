@@ -5,19 +5,20 @@ replicas scraping one exporter see the same numbers. Every change goes through a
 that bumps ``generation``: the render cache is keyed on it, so a scrape never serves a body
 older than the counters it shows.
 
-Histograms are prometheus_client's own, created per ``Stats`` with ``registry=None`` (no
-global metric objects); ``histogram_rows`` reads them back through their public ``collect()``.
+Histograms are plain data too (``Histogram`` below), not prometheus_client's: its metric objects
+keep their values in ``PROMETHEUS_MULTIPROC_DIR`` files when that is set (vLLM sets it for
+several API servers), where vLLM's own multiprocess collector would render them a second time.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from prometheus_client import Histogram
+from prometheus_client.utils import floatToGoString
 
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.metrics.catalog import (
@@ -27,6 +28,7 @@ from exporter.metrics.catalog import (
     RESET_OUTCOMES,
 )
 
+_float_to_go = cast(Callable[[float], str], floatToGoString)
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -34,23 +36,69 @@ RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 HistogramRow = tuple[tuple[str, ...], list[tuple[str, float]], float]
 
 
+class _Child:
+    """One label set's bucket counts (not cumulative) and sum."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        for i, bound in enumerate(self._bounds):
+            if value <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+
+class Histogram:
+    """A labelled histogram as plain data, rendered as prometheus_client renders its own
+    (``le`` written by ``floatToGoString``, buckets cumulative, ending with ``+Inf``)."""
+
+    def __init__(self, labelnames: tuple[str, ...], buckets: tuple[float, ...]) -> None:
+        self.labelnames = labelnames
+        self.bounds = tuple(sorted(buckets))
+        self._les = [*(_float_to_go(b) for b in self.bounds), "+Inf"]
+        self._children: dict[tuple[str, ...], _Child] = {}
+
+    def labels(self, *values: str) -> _Child:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"expected labels {self.labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _Child(self.bounds)
+        return child
+
+    def observe(self, value: float) -> None:
+        """For a histogram without labels."""
+        self.labels().observe(value)
+
+    def rows(self) -> list[HistogramRow]:
+        out: list[HistogramRow] = []
+        for labels in sorted(self._children):
+            child = self._children[labels]
+            running, buckets = 0, []
+            for le, count in zip(self._les, child.counts, strict=True):
+                running += count
+                buckets.append((le, float(running)))
+            out.append((labels, buckets, child.total))
+        return out
+
+
 def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
-    spec = BY_NAME[name]
-    return Histogram(name, spec.help, labelnames=spec.labels, buckets=buckets, registry=None)
+    hist = Histogram(BY_NAME[name].labels, buckets)
+    if not hist.labelnames:
+        hist.labels()  # an unlabelled histogram is published from the start, at 0
+    return hist
 
 
 def histogram_rows(hist: Histogram) -> list[HistogramRow]:
     """Every labelled child of ``hist`` as plain rows, in label order."""
-    buckets: dict[tuple[str, ...], list[tuple[str, float]]] = defaultdict(list)
-    sums: dict[tuple[str, ...], float] = {}
-    for metric in hist.collect():
-        for sample in metric.samples:
-            labels = tuple(v for k, v in sample.labels.items() if k != "le")
-            if sample.name.endswith("_bucket"):
-                buckets[labels].append((sample.labels["le"], sample.value))
-            elif sample.name.endswith("_sum"):
-                sums[labels] = sample.value
-    return [(labels, buckets[labels], sums.get(labels, 0.0)) for labels in sorted(buckets)]
+    return hist.rows()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +158,10 @@ class Stats:
         )
     )
     last_reset_success_unix: float | None = None
+    #: Engine → prefix-cache resets it confirmed, whatever action ran them (preset to 0).
+    confirmed_resets: Counter[str] = field(default_factory=Counter)
+    #: Engine → (unix, action) of its last confirmed prefix-cache reset.
+    last_resets: dict[str, tuple[float, str]] = field(default_factory=dict)
     admin_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: (action, outcome) and (action, engine, reason) of every completed admin action.
     admin_actions: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -136,6 +188,7 @@ class Stats:
             for action in ADMIN_ACTIONS:
                 self.admin_actions[(action, outcome)] += 0
         for engine in engines:
+            self.confirmed_resets[engine] += 0
             for reason in RESET_FAILURE_REASONS:
                 self.reset_engine_failures[(engine, reason)] += 0
         self.generation += 1
@@ -170,6 +223,13 @@ class Stats:
             self.reset_durations.observe(duration_s)
         if success_unix is not None:
             self.last_reset_success_unix = success_unix
+        self.generation += 1
+
+    def record_confirmed_resets(self, engines: Iterable[str], action: str, unix: float) -> None:
+        """Engines that confirmed a prefix-cache reset (``exporter.control.resets``) at ``unix``."""
+        for engine in engines:
+            self.confirmed_resets[engine] += 1
+            self.last_resets[engine] = (unix, action)
         self.generation += 1
 
     def record_action(

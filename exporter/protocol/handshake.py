@@ -15,6 +15,7 @@ import msgspec
 
 from exporter.error import ProtocolError
 from exporter.protocol.codec import decode, decode_any
+from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 
 HELLO = "HELLO"
 READY = "READY"
@@ -66,6 +67,10 @@ class RegistrationInfo:
     data_parallel_rank: int | None = None
     #: ``data_parallel_size`` > 1 means a coordinated (MoE) DP engine (dense DP reports 1).
     data_parallel_size: int | None = None
+    #: The engine's KV-events publisher (``kv_events_config``); None: it publishes none.
+    kv_events: KvEventsSource | None = None
+    #: Why ``kv_events_config`` was refused (the rest of the registration still counts).
+    kv_events_error: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -137,11 +142,18 @@ def decode_registration(payload: bytes) -> RegistrationInfo:
     obj = _decode_map(payload, "registration message")
     version = obj.get("vllm_version")
     sleep_mode = obj.get("enable_sleep_mode")
+    kv_events, kv_error = None, None
+    try:
+        kv_events = parse_kv_events_config(obj.get("kv_events_config"))
+    except ProtocolError as exc:
+        kv_error = str(exc).removeprefix(f"{exc.kind}: ")
     return RegistrationInfo(
         vllm_version=version[:MAX_REGISTRATION_STRING] if isinstance(version, str) else None,
         enable_sleep_mode=sleep_mode if isinstance(sleep_mode, bool) else None,
         data_parallel_rank=_int_or_none(obj.get("data_parallel_rank")),
         data_parallel_size=_int_or_none(obj.get("data_parallel_size")),
+        kv_events=kv_events,
+        kv_events_error=kv_error,
     )
 
 
@@ -155,8 +167,11 @@ def registration_map(
     vllm_version: str = "0.33.0",
     enable_sleep_mode: bool = True,
     data_parallel_size: int = 1,
+    kv_events_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A 28-key ``EngineCoreReadyResponse`` map in vLLM 0.33's field order (for simulators)."""
+    """A 28-key ``EngineCoreReadyResponse`` map in vLLM 0.33's field order (for simulators);
+    ``kv_events_config`` as an engine publishing KV events sends it
+    (``exporter.protocol.kv_events.publisher_config``)."""
     return {
         "max_model_len": 4096,
         "num_gpu_blocks": 1000,
@@ -178,7 +193,7 @@ def registration_map(
         "mamba_block_size": None,
         "kv_cache_size_tokens": None,
         "kv_cache_max_concurrency": None,
-        "kv_events_config": None,
+        "kv_events_config": kv_events_config,
         "weight_transfer_backend": None,
         "enable_sleep_mode": enable_sleep_mode,
         "supports_draft_weight_updates": False,

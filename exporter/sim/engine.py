@@ -39,6 +39,7 @@ from exporter.protocol import (
     engine_identity,
     registration_map,
 )
+from exporter.protocol.kv_events import publisher_config
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
 from exporter.sim.story import StoryState, story_state
 
@@ -106,6 +107,11 @@ class SimOptions:
     ignore_state_changes: bool = False
     #: Methods this engine lacks: "'EngineCoreProc' object has no attribute '<method>'".
     missing_methods: frozenset[str] = frozenset()
+    #: ``--kv-events-config`` as vLLM takes it: the registration then carries the publisher a
+    #: vLLM engine at this DP rank reports (``publisher_config``; the sim binds no socket).
+    kv_events: dict[str, Any] | None = None
+    #: Registration keys sent as given instead (an older or a hostile engine's values).
+    registration_extra: dict[str, Any] | None = None
 
     def initial_state(self, dp_rank: int = 0) -> EngineState:
         """A fresh state machine as these options describe it, at DP rank ``dp_rank``."""
@@ -238,15 +244,15 @@ class SimEngine:
                 sock.setsockopt(zmq.LINGER, 4000)
                 _connect(sock, address)
                 self._outputs.append(sock)
-            coordinated = self.options.coordinated_dp
-            registration = encode_registration(
-                registration_map(
-                    self.engine_index,
-                    vllm_version=self.options.vllm_version,
-                    enable_sleep_mode=self.options.enable_sleep_mode,
-                    data_parallel_size=COORDINATED_DP_SIZE if coordinated else 1,
-                )
+            opts, coordinated = self.options, self.options.coordinated_dp
+            fields = registration_map(
+                self.engine_index,
+                vllm_version=opts.vllm_version,
+                enable_sleep_mode=opts.enable_sleep_mode,
+                data_parallel_size=COORDINATED_DP_SIZE if coordinated else 1,
+                kv_events_config=publisher_config(opts.kv_events, self.engine_index),
             )
+            registration = encode_registration({**fields, **(opts.registration_extra or {})})
             for sock in self._inputs:
                 await sock.send(registration)
             extra = {"parallel_config_hash": PARALLEL_CONFIG_HASH} if coordinated else {}

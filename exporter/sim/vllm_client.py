@@ -2,10 +2,11 @@
 
 ``SimEngineCore`` has what ``exporter.client.vllm_core`` reads of vLLM's engine-core client
 (``core_engines``, ``utility_results``, ``resources.engine_dead``, ``client_index``,
-``_call_utility_async``) with vLLM's semantics: no timeout, one future per call kept in
-``utility_results`` until the engine answers (and popped without a default when it does, as
-vLLM's reply handler does), a failure message raised as a plain ``Exception``, and after an
-engine's death ``engine_dead`` set and ``EngineDeadError`` for every call. Its wire is the
+``_call_utility_async``, ``get_kv_event_sources``) with vLLM's semantics: no timeout, one
+future per call kept in ``utility_results`` until the engine answers (and popped without a
+default when it does, as vLLM's reply handler does), a failure message raised as a plain
+``Exception``, and after an engine's death ``engine_dead`` set and ``EngineDeadError`` for every
+call. Its wire is the
 exporter's own owner-mode client, so the engines are real processes' peers on real sockets
 (``SimEngine``). Tests, the demo and the benchmarks use it; nothing here imports vLLM.
 """
@@ -83,6 +84,23 @@ class SimEngineCore:
         else:  # the engine is gone: vLLM's front end marks itself dead
             self.resources.engine_dead = True
             future.set_exception(EngineDeadError())
+
+    def get_kv_event_sources(self) -> dict[int, Any]:
+        """vLLM's ``MPClient.get_kv_event_sources``: each engine's registered publisher config
+        (an object with ``KVEventsConfig``'s attributes), keyed by DP rank, for the engines
+        whose registration carried one."""
+        sources: dict[int, Any] = {}
+        for detail in self._wire.engine_details():
+            kv = detail.kv_events
+            if kv is not None:
+                sources[int(detail.engine)] = SimpleNamespace(
+                    enable_kv_cache_events=True,
+                    publisher=kv.publisher,
+                    endpoint=kv.endpoint,
+                    replay_endpoint=kv.replay_endpoint,
+                    topic=kv.topic,
+                )
+        return sources
 
     async def wait_connected(self, timeout_s: float) -> None:
         """Until every engine has handshaken (as vLLM's start-up waits), at most ``timeout_s``."""

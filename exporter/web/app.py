@@ -1,4 +1,5 @@
-"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, /readyz, /status and ``/``.
+"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, /readyz, /status, /gate,
+/kv_events_targets and ``/``.
 
 Background work (the attach client, the poller, the admin listener) lives in ``cleanup_ctx``, so
 a test can start and stop the whole service in-process with aiohttp's own runner.
@@ -23,6 +24,7 @@ from exporter.metrics.negotiation import VARY, wants_gzip
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
+from exporter.web.kvtargets import kv_events_targets
 from exporter.web.statusdoc import status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
@@ -86,6 +88,13 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(doc, headers={"Cache-Control": "no-store"})
 
 
+async def kv_events(request: web.Request) -> web.Response:
+    """Every engine's KV-events publisher, an ``http_sd`` document (``exporter.web.kvtargets``)."""
+    exporter = request.app[EXPORTER_KEY]
+    doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
+    return web.json_response(doc, headers={"Cache-Control": "no-store"})
+
+
 async def index(request: web.Request) -> web.Response:
     """The incident view (``exporter.web.statuspage``), from the same document as /status."""
     return web.Response(
@@ -105,6 +114,7 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/gate", gate)
+    app.router.add_get("/kv_events_targets", kv_events)
     app.router.add_get("/", index)
     # --web-config-file: basic auth on every path but /healthz and /readyz (TLS: the site's).
     protect(app, config.web)

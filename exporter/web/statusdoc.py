@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fleet import Outcome
+from exporter.client.fleet import EngineDetail, Outcome
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
@@ -61,7 +61,35 @@ def invariant_json(e: EngineSnapshot, inv: Invariant) -> dict[str, Any]:
     }
 
 
-def engine_json(e: EngineSnapshot, now: float | None = None) -> dict[str, Any]:
+def kv_events_json(detail: EngineDetail) -> dict[str, Any] | None:
+    """The engine's KV-events publisher as registered, and where to connect to it."""
+    source = detail.kv_events
+    if source is None:
+        return None
+    return {
+        "publisher": source.publisher,
+        "endpoint": source.endpoint,
+        "replay_endpoint": source.replay_endpoint,
+        "topic": source.topic,
+        "target": source.target,
+        "replay_target": source.replay_target,
+        "note": source.note,
+    }
+
+
+def prefix_cache_json(stats: Stats | None, engine: str) -> dict[str, Any]:
+    """The engine's confirmed prefix-cache resets since the exporter started."""
+    last = stats.last_resets.get(engine) if stats is not None else None
+    return {
+        "confirmed_resets": stats.confirmed_resets.get(engine, 0) if stats is not None else 0,
+        "last_reset_unix": last[0] if last else None,
+        "last_reset_action": last[1] if last else None,
+    }
+
+
+def engine_json(
+    e: EngineSnapshot, now: float | None = None, stats: Stats | None = None
+) -> dict[str, Any]:
     since = None
     if now is not None and e.last_success_unix is not None:
         since = round(max(0.0, now - e.last_success_unix), 3)
@@ -78,6 +106,8 @@ def engine_json(e: EngineSnapshot, now: float | None = None) -> dict[str, Any]:
         "handshakes": e.detail.handshakes,
         "unsupported": sorted(e.unsupported),
         "invariants": {inv.method: invariant_json(e, inv) for inv in INVARIANTS},
+        "prefix_cache": prefix_cache_json(stats, e.engine),
+        "kv_events": kv_events_json(e.detail),
     }
 
 
@@ -179,7 +209,7 @@ def status_json(
             "duration_s": snap.poll_duration_s if snap.poll_number else None,
         },
         "aggregate": aggregate,
-        "engines": [engine_json(e, now) for e in snap.engines],
+        "engines": [engine_json(e, now, stats) for e in snap.engines],
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),
         "history": history_json(history, now),

@@ -6,6 +6,8 @@
 - ``service``: a config and the real exporter (``create_app``) over real HTTP with in-process
   simulated engines (``Service``, ``Services``; ``RecordingSimEngine`` records every request
   through the simulated engine's public ``on_request`` hook).
+- ``secure``: the service as ``serve`` starts it (TLS, basic auth) over simulated engines
+  (``SecureFleets``), for clients of the secure listeners.
 - ``restart``: exporters restarted over the same engines and state file (``RestartRig``).
 - ``processes``: subprocesses (``SimProcess``, ``run_cli``, process-table helpers).
 - ``rawengine`` / ``stockclient``: hand-driven engine and stock front end for conformance tests.

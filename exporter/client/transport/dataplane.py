@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import zmq
@@ -39,7 +40,7 @@ from exporter.client.transport.links import (
     FleetShape,
     Phase,
     port_of,
-    recv_message,
+    recv_message_peer,
     send_frame,
 )
 from exporter.client.transport.linkstate import CALLABLE
@@ -48,6 +49,8 @@ from exporter.client.transport.state_check import StateExpectation
 from exporter.client.transport.state_file import StateFile, StateSnapshot, records_of
 from exporter.error import EngineUnavailable, ProtocolError
 from exporter.protocol import UTILITY_REQUEST_TYPE, RegistrationInfo, decode_registration
+from exporter.protocol.kv_events import KIND as KV_EVENTS_KIND
+from exporter.protocol.kv_events import with_engine_host
 
 log = logging.getLogger("exporter.transport")
 
@@ -282,18 +285,19 @@ class EngineDataPlane(OutputReader):
         self._input_check_scheduled = False
         sock = self._input
         for _ in range(DRAIN_BATCH):
-            frames = recv_message(sock) if sock is not None else None
-            if frames is None:
+            received = recv_message_peer(sock) if sock is not None else None
+            if received is None:
                 return
             try:
-                self._on_input_frames(frames)
+                self._on_input_frames(*received)
             except ProtocolError as exc:
                 self._faults.record(exc.kind, f"input socket: {exc}")
             except Exception as exc:  # a bug must not stop the reader: count it, go on
                 self._faults.task_failed("input_reader", exc)
         self._schedule_input_drain()  # more may be queued: continue next turn
 
-    def _on_input_frames(self, frames: list[bytes]) -> None:
+    def _on_input_frames(self, frames: list[bytes], peer: str | None = None) -> None:
+        """A registration; ``peer`` is the address it came from (the engine's host)."""
         if len(frames) != 2:
             raise ProtocolError("wrong_frame_count", f"{len(frames)} frames on input socket")
         identity, payload = frames
@@ -309,8 +313,15 @@ class EngineDataPlane(OutputReader):
             )
         link.registered = True
         try:
-            link.registration = decode_registration(payload)
+            registration = decode_registration(payload)
         except ProtocolError as exc:
-            link.registration = RegistrationInfo()
+            registration = RegistrationInfo()
             self._faults.record(exc.kind, f"engine {link.engine_index} registration: {exc}")
+        if registration.kv_events_error is not None:
+            why = f"engine {link.engine_index} kv_events_config: {registration.kv_events_error}"
+            self._faults.record(KV_EVENTS_KIND, why)
+        if registration.kv_events is not None:
+            kv_events = with_engine_host(registration.kv_events, peer)
+            registration = replace(registration, kv_events=kv_events)
+        link.registration = registration
         self._maybe_up(link)

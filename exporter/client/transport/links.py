@@ -76,6 +76,30 @@ def recv_message_fd(
 
 #: ``zmq_msg_get(ZMQ_SRCFD)``: deprecated in libzmq but present in every 4.x release.
 SRCFD = int(getattr(zmq, "SRCFD", 2))
+#: ``zmq_msg_gets``' property naming the remote address of a TCP connection (libzmq >= 4.1).
+PEER_ADDRESS = "Peer-Address"
+
+
+def recv_message_peer(sock: zmq.Socket[bytes]) -> tuple[list[bytes], str | None] | None:
+    """The next message's frames and the remote address of the connection it came from
+    (``Peer-Address``: ``10.0.0.5``, ``::1``; None over ipc or when libzmq does not say), or
+    None when nothing is queued. For the input ROUTER's registrations (a few per engine
+    lifetime): the address is the engine's host, which fills a wildcard KV-events endpoint."""
+    if not get_option(sock, EVENTS) & POLLIN:
+        return None
+    try:
+        frame = recv_frame(sock, NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    try:
+        peer: str | None = str(frame.get(PEER_ADDRESS))
+    except (zmq.ZMQError, ValueError, TypeError):
+        peer = None
+    frames = [frame.bytes]
+    while frame.more:
+        frame = recv_frame(sock, NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames, peer
 
 
 def port_of(address: str) -> int:

@@ -5,6 +5,9 @@ Exit codes: 0 success, 2 partial failure (some engine did not confirm an action,
 is not consistent), 1 any other error (unreachable exporter, bad token, bad request, ``wait``
 timed out).
 
+Every HTTP call goes through ``exporter.remote`` (TLS and basic auth included: ``--ca-file``,
+``--cert-file``, ``--key-file``, ``--basic-auth-file`` or ``$VLLM_DP_EXPORTER_CTL_BASIC_AUTH``).
+
 Strings in the answers come from engines and peers (a vLLM version, an error text): every one
 is printed with its control characters escaped (``clean``), so none can move the cursor,
 recolour or clear the terminal, or start a fake table row.
@@ -16,8 +19,6 @@ import argparse
 import asyncio
 import sys
 
-import aiohttp
-
 from exporter.commands.ctl.admin import (
     Runner,
     add_admin_commands,
@@ -28,6 +29,8 @@ from exporter.commands.ctl.admin import (
 from exporter.commands.ctl.common import EXIT_ERROR, clean
 from exporter.commands.ctl.status import add_status_command, format_status, run_status
 from exporter.commands.ctl.wait import add_wait_command, run_wait
+from exporter.error import ConfigError
+from exporter.remote import RemoteError
 
 __all__ = [
     "add_ctl_arguments",
@@ -54,6 +57,12 @@ def run_ctl(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     try:
         return asyncio.run(command(args))
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except RemoteError as exc:
+        print(f"ctl: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ConfigError as exc:
+        print(f"ctl: cannot use {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as exc:
         print(f"ctl: {type(exc).__name__}: {clean(exc)}", file=sys.stderr)
         return EXIT_ERROR

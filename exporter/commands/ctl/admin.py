@@ -1,4 +1,5 @@
-"""The admin subcommands: one per ``POST /admin/<action>`` of the admin listener.
+"""The admin subcommands: one per ``POST /admin/<action>`` of the admin listener, each a call
+of ``exporter.remote.Client``.
 
 Each prints one row per engine (``ENGINE OK REASON STATE ERROR``; STATE is what the exporter
 read back after the call) and exits 0 when every engine confirmed, 2 on a partial failure
@@ -9,18 +10,20 @@ other error.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.commands.ctl.common import add_admin_options, clean, post_admin, table, text
 from exporter.protocol.utility import PAUSE_MODES
+from exporter.remote import ActionResult, Client
+from exporter.remote.client import ACTION_TIMEOUT_S, RESET_TIMEOUT_S, VERIFY_TIMEOUT_S
 
 #: Default --timeout of a state-changing action: the exporter's call and its read-back may take
 #: --action-timeout (60 s) each.
-ACTION_TIMEOUT = 150.0
+ACTION_TIMEOUT = ACTION_TIMEOUT_S
 #: verify-weights: the exporter waits up to --verify-weights-timeout (300 s) for checksums.
-VERIFY_TIMEOUT = 330.0
+VERIFY_TIMEOUT = VERIFY_TIMEOUT_S
 #: Mismatching parameters printed per engine (the answer lists at most the exporter's cap).
 MAX_PARAMETERS_SHOWN = 10
 
@@ -136,7 +139,7 @@ def add_admin_commands(sub: Any) -> None:
     reset = sub.add_parser("reset-prefix-cache", help="reset the prefix cache on every engine")
     reset.add_argument("--reset-running-requests", action="store_true")
     reset.add_argument("--reset-connector", action="store_true")
-    add_admin_options(reset, 60.0)
+    add_admin_options(reset, RESET_TIMEOUT_S)
     for command in COMMANDS.values():
         p = sub.add_parser(command.name, help=command.help)
         if command.name == "sleep":
@@ -161,19 +164,33 @@ def add_admin_commands(sub: Any) -> None:
 
 
 async def run_reset(args: argparse.Namespace) -> int:
-    params = {
-        "reset_running_requests": str(args.reset_running_requests).lower(),
-        "reset_connector": str(args.reset_connector).lower(),
-    }
-    return await post_admin(args, "reset_prefix_cache", format_reset, params)
+    def call(client: Client) -> Awaitable[ActionResult]:
+        return client.reset_prefix_cache(
+            reset_running_requests=args.reset_running_requests,
+            reset_connector=args.reset_connector,
+            idempotency_key=args.idempotency_key,
+            timeout_s=args.timeout,
+        )
+
+    return await post_admin(args, format_reset, call)
 
 
 async def run_action(args: argparse.Namespace) -> int:
     command = COMMANDS[args.ctl_command]
-    payload = None
+    body = None
     if command.action == "weight_version":
-        payload = {"weight_version": args.weight_version}
-    return await post_admin(args, command.action, format_action, command.params(args), payload)
+        body = {"weight_version": args.weight_version}
+
+    def call(client: Client) -> Awaitable[ActionResult]:
+        return client.action(
+            command.action,
+            command.params(args),
+            body,
+            idempotency_key=args.idempotency_key,
+            timeout_s=args.timeout,
+        )
+
+    return await post_admin(args, format_action, call)
 
 
 def runner(name: str) -> Runner | None:

@@ -1,23 +1,43 @@
-"""What every ``ctl`` subcommand shares: exit codes, sanitised tables, the admin request."""
+"""What every ``ctl`` subcommand shares: exit codes, sanitised tables, the connection options
+and the admin request, made through ``exporter.remote`` (the one HTTP path to an exporter)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-
-from exporter.config.rules import read_token_file
 from exporter.error import ConfigError
+from exporter.remote import (
+    BASIC_AUTH_ENV,
+    DEFAULT_ADMIN_URL,
+    DEFAULT_URL,
+    ActionResult,
+    Client,
+    Credentials,
+    PartialFailure,
+    RemoteError,
+)
+from exporter.remote import printable as clean
+
+__all__ = [
+    "DEFAULT_ADMIN_URL",
+    "DEFAULT_URL",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
+    "add_admin_options",
+    "add_connection_options",
+    "clean",
+    "connect",
+    "post_admin",
+    "table",
+    "text",
+]
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 2
-DEFAULT_ADMIN_URL = "http://127.0.0.1:19401"
-DEFAULT_URL = "http://127.0.0.1:19400"
-#: Longest stretch of a non-JSON answer quoted in an error line.
-MAX_QUOTED = 200
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -30,23 +50,26 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def clean(value: Any) -> str:
-    """``str(value)`` with every unprintable character (C0/C1 controls such as ESC, CR, LF and
-    TAB; DEL; format characters such as bidi overrides; line and paragraph separators)
-    written as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
-
-
 def text(value: Any) -> str:
     """A table cell: ``-`` for None, ``true``/``false`` for booleans, anything else cleaned."""
     if value is None:
         return "-"
     return str(value).lower() if isinstance(value, bool) else clean(value)
+
+
+def add_connection_options(p: argparse.ArgumentParser) -> None:
+    """TLS and basic auth, for an exporter started with ``--web-config-file``. Credentials
+    come from files or the environment, never from the command line (which every user of the
+    host can read in the process table)."""
+    p.add_argument("--ca-file", default=None, help="CA that signed the exporter's certificate")
+    p.add_argument("--cert-file", default=None, help="client certificate (mutual TLS)")
+    p.add_argument("--key-file", default=None, help="the client certificate's key")
+    p.add_argument(
+        "--basic-auth-file",
+        default=None,
+        metavar="FILE",
+        help=f"file holding user:password (default: ${BASIC_AUTH_ENV} when set)",
+    )
 
 
 def add_admin_options(p: argparse.ArgumentParser, timeout: float) -> None:
@@ -56,61 +79,51 @@ def add_admin_options(p: argparse.ArgumentParser, timeout: float) -> None:
     p.add_argument("--idempotency-key", default=None, help="retry safely: same key, same answer")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.add_argument("--timeout", type=float, default=timeout, help="seconds (default %(default)s)")
+    add_connection_options(p)
 
 
-def admin_headers(args: argparse.Namespace) -> dict[str, str]:
-    """Authorization and Idempotency-Key headers (raises ConfigError for a bad token file)."""
-    headers = {}
-    if args.token_file:
-        token = read_token_file(args.token_file, "token file")
-        headers["Authorization"] = f"Bearer {token}"
-    if args.idempotency_key:
-        headers["Idempotency-Key"] = args.idempotency_key
-    return headers
+def connect(args: argparse.Namespace, *, url: str | None, admin_url: str | None) -> Client:
+    """The client of one ctl run (raises ConfigError for a file that cannot be used)."""
+    credentials = Credentials.load(
+        token_file=getattr(args, "token_file", None),
+        basic_auth_file=args.basic_auth_file,
+        basic_auth_env=BASIC_AUTH_ENV,
+        ca_file=args.ca_file,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+    )
+    return Client(url, admin_url, credentials=credentials)
 
 
-def parse_answer(status: int, raw: bytes) -> dict[str, Any] | str:
-    """The JSON object of an answer, or an error line when it is not one."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        quoted = clean(raw[:MAX_QUOTED].decode("utf-8", "replace").strip())
-        return f"HTTP {status}: the answer is not JSON: {quoted}"
-    if not isinstance(body, dict):
-        return f"HTTP {status}: the answer is not a JSON object"
-    return body
+def _print_answer(args: argparse.Namespace, body: Any, formatter: Callable[[Any], str]) -> None:
+    if args.json:
+        print(json.dumps(body))
+    elif isinstance(body, dict) and "engines" in body:
+        print(formatter(body))
 
 
 async def post_admin(
     args: argparse.Namespace,
-    action: str,
     formatter: Callable[[dict[str, Any]], str],
-    params: Mapping[str, str] | None = None,
-    payload: Any = None,
+    call: Callable[[Client], Awaitable[ActionResult]],
 ) -> int:
-    """``POST /admin/<action>``, print the answer, and its exit code: 0 on 200, 2 on 502
-    (partial failure: nothing is rolled back), 1 on anything else."""
+    """Run one action (``call``) and print its answer; the exit code: 0 when every engine
+    confirmed, 2 on a partial failure (nothing is rolled back), 1 on anything else."""
     try:
-        headers = admin_headers(args)
+        client = connect(args, url=None, admin_url=args.admin_url)
     except ConfigError as exc:
         print(f"ctl: cannot use {exc}", file=sys.stderr)
         return EXIT_ERROR
-    url = args.admin_url.rstrip("/") + "/admin/" + action
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as s:
-        async with s.post(url, params=dict(params or {}), headers=headers, json=payload) as resp:
-            status = resp.status
-            raw = await resp.read()
-    body = parse_answer(status, raw)
-    if isinstance(body, str):
-        print(f"ctl: {body}", file=sys.stderr)
-        return EXIT_ERROR
-    if args.json:
-        print(json.dumps(body))
-    elif "engines" in body:
-        print(formatter(body))
-    if status == 200:
-        return EXIT_OK
-    if status == 502:
-        return EXIT_PARTIAL
-    print(f"ctl: HTTP {status}: {clean(body.get('error', body))}", file=sys.stderr)
-    return EXIT_ERROR
+    async with client:
+        try:
+            result = await call(client)
+        except PartialFailure as exc:  # Unsupported too
+            _print_answer(args, exc.result.raw, formatter)
+            return EXIT_PARTIAL
+        except RemoteError as exc:
+            if exc.body is not None:
+                _print_answer(args, exc.body, formatter)
+            print(f"ctl: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+    _print_answer(args, result.raw, formatter)
+    return EXIT_OK

@@ -1,4 +1,4 @@
-"""``ctl status``: the per-engine state from ``GET /status``."""
+"""``ctl status``: the per-engine state from ``GET /status`` (``exporter.remote.Client.status``)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ import json
 import sys
 from typing import Any
 
-import aiohttp
-
 from exporter.commands.ctl.common import (
     DEFAULT_URL,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_PARTIAL,
+    add_connection_options,
     clean,
+    connect,
     table,
     text,
 )
+from exporter.error import ConfigError
+from exporter.remote import InvalidAnswer, RemoteError, Unreachable
 
 
 def add_status_command(sub: Any) -> None:
@@ -25,6 +27,7 @@ def add_status_command(sub: Any) -> None:
     status.add_argument("--url", default=DEFAULT_URL)
     status.add_argument("--json", action="store_true", help="print the JSON answer")
     status.add_argument("--timeout", type=float, default=10.0)
+    add_connection_options(status)
 
 
 def _engine_row(e: dict[str, Any]) -> list[str]:
@@ -68,16 +71,24 @@ def format_status(body: dict[str, Any]) -> str:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    url = args.url.rstrip("/") + "/status"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as s:
-        async with s.get(url) as resp:
-            if resp.status != 200:
-                print(f"ctl: HTTP {resp.status} from {url}", file=sys.stderr)
-                return EXIT_ERROR
-            body = await resp.json()
-    if not isinstance(body, dict):
-        print(f"ctl: {url}: the answer is not a JSON object", file=sys.stderr)
+    try:
+        client = connect(args, url=args.url, admin_url=None)
+    except ConfigError as exc:
+        print(f"ctl: cannot use {exc}", file=sys.stderr)
         return EXIT_ERROR
+    async with client:
+        try:
+            status = await client.status(timeout_s=args.timeout)
+        except Unreachable as exc:
+            print(f"ctl: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        except RemoteError as exc:
+            where = exc.url or args.url
+            line = f"HTTP {exc.status} from {where}" if exc.status is not None else str(exc)
+            if isinstance(exc, InvalidAnswer) and exc.status == 200:
+                line = f"{where}: {exc.detail}"
+            print(f"ctl: {line}", file=sys.stderr)
+            return EXIT_ERROR
+    body = dict(status.raw)
     print(json.dumps(body) if args.json else format_status(body))
-    state = body.get("aggregate", {}).get("is_sleeping", {}).get("state")
-    return EXIT_OK if state == "consistent" else EXIT_PARTIAL
+    return EXIT_OK if status.consistent else EXIT_PARTIAL

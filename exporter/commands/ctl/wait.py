@@ -5,24 +5,29 @@ The one line an RL script runs before it resumes traffic:
 200; exit 1 when the timeout passes (printing, per failing engine, what still fails) or when
 the gate rejects the question itself (400: a bad condition; 404: no gate on that address).
 Connection errors, 412 and 5xx answers are retried until the timeout: an exporter that is
-restarting, or engines that are still waking, do not fail the script at once.
+restarting, or engines that are still waking, do not fail the script at once. The loop is
+``exporter.remote.Client.wait``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from typing import Any
 
-import aiohttp
-
-from exporter.commands.ctl.common import DEFAULT_URL, EXIT_ERROR, EXIT_OK, clean, parse_answer, text
-
-#: Longest single gate request (the gate itself bounds its fan-out by --call-timeout).
-REQUEST_TIMEOUT_S = 30.0
+from exporter.commands.ctl.common import (
+    DEFAULT_URL,
+    EXIT_ERROR,
+    EXIT_OK,
+    add_connection_options,
+    clean,
+    connect,
+    text,
+)
+from exporter.error import ConfigError
+from exporter.remote import RemoteError, WaitTimeout
+from exporter.remote.waiting import REQUEST_TIMEOUT_S
 
 
 def add_wait_command(sub: Any) -> None:
@@ -42,6 +47,7 @@ def add_wait_command(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--json", action="store_true", help="print the last gate answer as JSON")
+    add_connection_options(p)
 
 
 def gate_params(args: argparse.Namespace) -> dict[str, str]:
@@ -75,59 +81,42 @@ def format_failing(body: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _check(
-    session: aiohttp.ClientSession, url: str, params: dict[str, str], timeout_s: float
-) -> tuple[int, dict[str, Any] | str]:
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with session.get(url, params=params, timeout=timeout) as resp:
-        return resp.status, parse_answer(resp.status, await resp.read())
-
-
 async def run_wait(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout < 0:
         print("ctl: --interval must be positive and --timeout not negative", file=sys.stderr)
         return EXIT_ERROR
-    url = args.url.rstrip("/") + "/gate"
     params = gate_params(args)
-    deadline = time.monotonic() + args.timeout
-    last: dict[str, Any] | None = None
-    last_error = "no answer yet"
-    async with aiohttp.ClientSession() as session:
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                status, body = await _check(
-                    session, url, params, max(0.5, min(REQUEST_TIMEOUT_S, remaining))
-                )
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                last_error = f"{type(exc).__name__}: {clean(exc)}"
-            else:
-                if isinstance(body, str):
-                    status_error: str | None = body
-                else:
-                    last, status_error = body, None
-                if status == 200 and status_error is None:
-                    assert last is not None
-                    conditions = describe_conditions(last.get("conditions", {}))
-                    engines = len(last.get("engines", []))
-                    opened = f"gate open: {engines} engines meet {conditions}"
-                    print(json.dumps(last) if args.json else opened)
-                    return EXIT_OK
-                if 400 <= status < 500 and status != 412:  # the question itself is wrong
-                    error = status_error or clean(last.get("error", last) if last else "")
-                    print(f"ctl: HTTP {status} from {url}: {error}", file=sys.stderr)
-                    return EXIT_ERROR
-                last_error = status_error or f"HTTP {status}"
-            if deadline - time.monotonic() <= 0:
-                break
-            await asyncio.sleep(min(args.interval, max(0.0, deadline - time.monotonic())))
-    if args.json and last is not None:
-        print(json.dumps(last))
-    elif last is not None:
-        print(format_failing(last))
-    print(
-        f"ctl: wait timed out after {args.timeout:g}s for {describe_conditions(params)}"
-        f" (last: {last_error})",
-        file=sys.stderr,
-    )
-    return EXIT_ERROR
+    try:
+        client = connect(args, url=args.url, admin_url=None)
+    except ConfigError as exc:
+        print(f"ctl: cannot use {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    async with client:
+        try:
+            opened = await client.wait(
+                params,
+                args.timeout,
+                interval_s=args.interval,
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            )
+        except WaitTimeout as exc:
+            last = dict(exc.last.raw) if exc.last is not None else None
+            if args.json and last is not None:
+                print(json.dumps(last))
+            elif last is not None:
+                print(format_failing(last))
+            print(
+                f"ctl: wait timed out after {args.timeout:g}s for {describe_conditions(params)}"
+                f" (last: {exc.last_error})",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        except RemoteError as exc:  # the question itself is wrong (a 4xx but 412)
+            print(f"ctl: HTTP {exc.status} from {exc.url}: {exc.detail}", file=sys.stderr)
+            return EXIT_ERROR
+    body = dict(opened.raw)
+    conditions = describe_conditions(body.get("conditions", {}))
+    engines = len(body.get("engines", []))
+    message = f"gate open: {engines} engines meet {conditions}"
+    print(json.dumps(body) if args.json else message)
+    return EXIT_OK

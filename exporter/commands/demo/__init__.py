@@ -15,6 +15,7 @@ import sys
 
 from exporter.base import eventloop
 from exporter.commands.demo.common import DemoOptions, add_demo_arguments
+from exporter.error import ExporterError
 
 __all__ = ["add_demo_arguments", "run_demo", "run_demo_async"]
 
@@ -35,8 +36,13 @@ async def run_demo_async(options: DemoOptions, stop: asyncio.Event | None = None
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``vllm-dp-exporter demo``: exit code 2 for a bad fleet size, else 0 once stopped."""
+    """``vllm-dp-exporter demo``: exit code 2 for a bad fleet size or a setting that cannot
+    be used (a web config or token file, as ``serve`` says it), else 0 once stopped."""
     if args.engines < 1:
         print("vllm-dp-exporter demo: --engines must be at least 1", file=sys.stderr)
         return 2
-    return eventloop.run(run_demo_async(DemoOptions.from_args(args)))
+    try:
+        return eventloop.run(run_demo_async(DemoOptions.from_args(args)))
+    except ExporterError as exc:  # ConfigError, StartupError: one line, no traceback
+        print(f"vllm-dp-exporter demo: {exc}", file=sys.stderr)
+        return 2

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
 import subprocess
 import sys
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from exporter.config.settings import ServeConfig, resolve_config
+from exporter.remote import ActionResult, Client, Credentials, RemoteError, Secret
 
 log = logging.getLogger("exporter.demo")
 
@@ -38,6 +37,10 @@ class DemoOptions:
     story_period: float = 40.0  # seconds per story cycle
     reset_every: float = 5.0  # seconds between demo resets; 0: none
     model_name: str | None = None
+    #: ``serve --web-config-file``: TLS and basic auth on both listeners (docs/security.md).
+    web_config_file: str | None = None
+    #: ``serve --admin-token-file``: the admin listener's bearer token.
+    admin_token_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -70,12 +73,30 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=d.poll_interval)
     p.add_argument("--call-timeout", type=float, default=d.call_timeout)
     p.add_argument(
-        "--story-period", type=float, default=d.story_period, help="seconds per story cycle"
+        "--story-period",
+        type=float,
+        default=d.story_period,
+        help="seconds per story cycle (0: no story; the engines change only when asked)",
     )
     p.add_argument(
-        "--reset-every", type=float, default=d.reset_every, help="seconds between demo resets"
+        "--reset-every",
+        type=float,
+        default=d.reset_every,
+        help="seconds between the demo's own resets (0: none)",
     )
     p.add_argument("--model-name", default=None)
+    p.add_argument(
+        "--web-config-file",
+        default=None,
+        metavar="FILE",
+        help="serve TLS and basic auth from this exporter-toolkit web config (docs/security.md)",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="the admin listener's bearer token (the demo's own resets use it too)",
+    )
 
 
 def engine_groups(count: int, max_processes: int = 8) -> list[tuple[int, int]]:
@@ -130,39 +151,65 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 3.0)
 WEIGHT_UPDATE_EVERY = 4
 
 
-async def _post(session: aiohttp.ClientSession, url: str, **kwargs: Any) -> int | None:
-    """POST, read the answer, and its status (None when the exporter did not answer)."""
-    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-        async with session.post(url, **kwargs) as resp:
-            await resp.read()
-            return resp.status
-    return None
+async def _status_of(call: Awaitable[ActionResult]) -> int | None:
+    """The HTTP status an action was answered with (None when the exporter did not answer)."""
+    try:
+        return (await call).status
+    except RemoteError as exc:
+        return exc.status
 
 
-async def reset_loop(admin_url: str, every_s: float) -> None:
+async def reset_loop(admin_url: str, every_s: float, token: str | None = None) -> None:
     """The demo's trainer: a prefix-cache reset every few seconds, and after the first reset
     that reached the engines and then every ``WEIGHT_UPDATE_EVERY``-th, a new weight version
     and a verification of the weights across ranks, so the reset, weight-version and action
     metrics move. Relay mode refuses the weight version (403: a state change beside the front
-    end); the loop stops asking then."""
-    timeout = aiohttp.ClientTimeout(total=10)
+    end); the loop stops asking then. It talks to the exporter as any client does
+    (``exporter.remote``), with the admin token when the demo has one."""
+    credentials = Credentials(Secret(token) if token is not None else None)
     set_versions = True
     updates = 0
     since_update = WEIGHT_UPDATE_EVERY
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with Client(None, admin_url, credentials=credentials) as client:
         while True:
             await asyncio.sleep(every_s)
-            status = await _post(session, f"{admin_url}/admin/reset_prefix_cache")
+            status = await _status_of(client.reset_prefix_cache(timeout_s=10))
             since_update += 1
             if status not in (200, 502) or since_update < WEIGHT_UPDATE_EVERY:
                 continue  # 503: no engine connected yet
             since_update = 0
             updates += 1
             if set_versions:
-                version = {"weight_version": f"demo-{updates}"}
-                status = await _post(session, f"{admin_url}/admin/weight_version", json=version)
+                version = f"demo-{updates}"
+                status = await _status_of(client.weight_version(version, timeout_s=10))
                 set_versions = status != 403
-            await _post(session, f"{admin_url}/admin/verify_weights")
+            await _status_of(client.verify_weights(timeout_s=10))
+
+
+def trainer_blocked(config: ServeConfig) -> str | None:
+    """Why the demo's own trainer cannot talk to its admin listener (None: it can). With a
+    web config the listener asks for what the demo does not hold: a client that trusts the
+    server's certificate (and presents one), or a basic-auth password (only hashes are in the
+    file)."""
+    web = config.web
+    if web is None:
+        return None
+    if web.ssl_context is not None:
+        return "the web config serves TLS"
+    if web.users and config.admin_token is None:
+        return "the web config asks for basic auth"
+    return None
+
+
+def _admin_lines(config: ServeConfig, admin_url: str) -> list[str]:
+    auth = ""
+    if config.admin_token_file:
+        auth = f' -H "Authorization: Bearer $(cat {config.admin_token_file})"'
+    elif config.web is not None and config.web.users:
+        auth = " -u USER"  # curl asks for the password
+    tls = " --cacert CA.crt" if admin_url.startswith("https:") else ""
+    reset = f"{admin_url}/admin/reset_prefix_cache"
+    return [f"  admin reset     curl{tls} -X POST{auth} {reset}"]
 
 
 async def serve_demo(
@@ -176,19 +223,26 @@ async def serve_demo(
 
     host, port = config.listen_host_port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    scheme = config.web.scheme if config.web is not None else "http"
     lines = [
         *headline,
-        f"  dashboard page  http://{shown}:{port}/",
-        f"  metrics         http://{shown}:{port}/metrics",
-        f"  status (JSON)   http://{shown}:{port}/status",
+        f"  dashboard page  {scheme}://{shown}:{port}/",
+        f"  metrics         {scheme}://{shown}:{port}/metrics",
+        f"  status (JSON)   {scheme}://{shown}:{port}/status",
     ]
+    if config.web is not None:
+        lines.append(f"  web config      {config.web.path}")
     tasks = []
     admin = config.admin_host_port
     if admin is not None:
-        admin_url = f"http://{admin[0]}:{admin[1]}"
-        lines.append(f"  admin reset     curl -X POST {admin_url}/admin/reset_prefix_cache")
-        if reset_every > 0:
-            tasks.append(asyncio.create_task(reset_loop(admin_url, reset_every)))
+        admin_url = f"{scheme}://{admin[0]}:{admin[1]}"
+        lines += _admin_lines(config, admin_url)
+        blocked = trainer_blocked(config)
+        if blocked is not None and reset_every > 0:
+            lines.append(f"  demo resets     off: {blocked} (the demo holds no client credentials)")
+        elif reset_every > 0:
+            loop = reset_loop(admin_url, reset_every, config.admin_token)
+            tasks.append(asyncio.create_task(loop))
     print("\n".join(lines), flush=True)
     try:
         await serve(config, stop)
@@ -209,5 +263,7 @@ def demo_config(options: DemoOptions, **attach: Any) -> ServeConfig:
         call_timeout=options.call_timeout,
         reset_min_interval=0.0,
         model_name=options.model_name,
+        web_config_file=options.web_config_file,
+        admin_token_file=options.admin_token_file,
         **attach,
     )

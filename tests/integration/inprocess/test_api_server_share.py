@@ -314,3 +314,33 @@ async def test_a_write_in_flight_at_stop_leaves_no_file(
     assert list(tmp_path.iterdir()) == []
     share.write(b"[]")  # and never written again
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_counters_never_go_back_whichever_server_answers(
+    api_servers: tuple[PluginApp, PluginApp],
+) -> None:
+    """An admin request on API server 1, then scrapes of server 1 and at once of server 0:
+    every counter seen is at least what the scrape before saw (each server sums the same
+    published snapshots, its own included, not its own live state)."""
+    first, second = api_servers
+    seen: dict[str, float] = {}
+    for _ in range(5):
+        status, body, _ = await second.post("reset_prefix_cache", token=TOKEN)
+        assert status == 200, body
+        for app in (second, first, second):
+            text, _ = await scrape(app)
+            for line in text.splitlines():
+                if not line or line[0] == "#":
+                    continue
+                key, value = line.rsplit(" ", 1)
+                if key.split("{", 1)[0].endswith("_total"):
+                    assert float(value) >= seen.get(key, 0.0), (key, value, seen.get(key))
+                    seen[key] = float(value)
+    requests = 'vllm_dp_admin_requests_total{action="reset_prefix_cache",code="200"}'
+    await until(lambda: _counted(first, requests, 5), "the five requests in server 0's scrape")
+
+
+async def _counted(app: PluginApp, key: str, at_least: float) -> bool:
+    text, _ = await scrape(app)
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(key)]
+    return bool(values) and values[0] >= at_least

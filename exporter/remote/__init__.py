@@ -1,0 +1,98 @@
+"""A running exporter from Python: every admin action, the gate and ``/status``, with typed
+per-engine results and typed errors, sync (``SyncClient``) and async (``Client``).
+
+An RL training loop drives every DP rank without a subprocess and without parsing exit codes::
+
+    from exporter.remote import Credentials, PartialFailure, SyncClient
+
+    creds = Credentials.load(token_file="/run/secrets/admin-token")
+    with SyncClient("http://127.0.0.1:19400", "http://127.0.0.1:19401", credentials=creds) as dp:
+        dp.pause(mode="wait")
+        dp.sleep(level=1)
+        ...  # train, push the weights
+        dp.wake_up()
+        dp.reset_prefix_cache()
+        dp.weight_version(version)
+        dp.resume()
+        dp.wait({"weight_version": version, "sleeping": False, "paused": False}, timeout_s=300)
+
+Each action returns an ``ActionResult`` when every engine confirmed it, and raises
+``PartialFailure`` (``.result.engines``: who did not, and why; nothing is rolled back) when
+some did not; every other answer is an error of its own class (``Conflict``, ``RateLimited``,
+``AuthError``, ``Unreachable``, ...; all ``RemoteError``, all ``exporter.error.ExporterError``).
+``ctl`` is built on this package (docs/rl.md, "From Python: exporter.remote").
+"""
+
+from __future__ import annotations
+
+from exporter.remote.answers import printable
+from exporter.remote.client import (
+    DEFAULT_ADMIN_URL,
+    DEFAULT_URL,
+    Client,
+    PauseMode,
+    WakeTag,
+)
+from exporter.remote.credentials import BASIC_AUTH_ENV, BasicAuth, Credentials, Secret
+from exporter.remote.errors import (
+    AuthError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    HttpError,
+    IdempotencyKeyReused,
+    InvalidAnswer,
+    NoEngineConnected,
+    NotFound,
+    PartialFailure,
+    RateLimited,
+    RemoteError,
+    Unreachable,
+    Unsupported,
+    WaitTimeout,
+)
+from exporter.remote.http import NO_RETRY, Retry
+from exporter.remote.results import ActionResult, EngineOutcome, GateEngine, GateResult
+from exporter.remote.status import EngineInvariant, EngineStatus, Status, Verdict
+from exporter.remote.sync import SyncClient
+from exporter.remote.waiting import Progress
+
+__all__ = [
+    "BASIC_AUTH_ENV",
+    "DEFAULT_ADMIN_URL",
+    "DEFAULT_URL",
+    "NO_RETRY",
+    "ActionResult",
+    "AuthError",
+    "BadRequest",
+    "BasicAuth",
+    "Client",
+    "Conflict",
+    "Credentials",
+    "EngineInvariant",
+    "EngineOutcome",
+    "EngineStatus",
+    "Forbidden",
+    "GateEngine",
+    "GateResult",
+    "HttpError",
+    "IdempotencyKeyReused",
+    "InvalidAnswer",
+    "NoEngineConnected",
+    "NotFound",
+    "PartialFailure",
+    "PauseMode",
+    "Progress",
+    "RateLimited",
+    "RemoteError",
+    "Retry",
+    "Secret",
+    "Status",
+    "SyncClient",
+    "Unreachable",
+    "Unsupported",
+    "Verdict",
+    "WaitTimeout",
+    "WakeTag",
+    "printable",
+]

@@ -1,0 +1,268 @@
+"""The answers of admin actions and of the gate as typed objects (pure: JSON in, objects out).
+
+A key the answer lacks takes its default (an older or newer exporter may not send it); a key of
+the wrong type is an ``InvalidAnswer`` naming it, so a caller never meets a string where the
+type says a boolean. Strings are kept as the exporter sent them (a weight version is compared
+exactly): escape them with ``exporter.remote.printable`` before printing them to a terminal.
+``raw`` keeps the whole JSON object, with keys this client does not know.
+
+Engines are named by their label as ``/status`` and ``/gate`` name them (``"0"``, ``"1"``; an
+HTTP target's name): the admin answers' numeric indices become the same strings, so outcomes,
+gate answers and status rows compare equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.remote.errors import InvalidAnswer
+
+#: Per-engine reasons of an action (exporter.control.verdicts; docs/rl.md).
+REASONS = ("refused", "failed", "timeout", "disconnected", "unsupported", "unverified", "mismatch")
+#: Fleet outcomes of an action (exporter.fleetstate.aggregate.fleet_outcome).
+OUTCOMES = ("success", "partial_failure", "failure")
+
+
+class Fields:
+    """Typed reads of one JSON object; ``where`` names it in errors (``engines[2]``)."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise InvalidAnswer(f"{where} must be a JSON object, got {_kind(data)}")
+        self.data: Mapping[str, Any] = data
+        self.where = where
+
+    def _bad(self, key: str, expected: str, value: Any) -> InvalidAnswer:
+        return InvalidAnswer(f"{self.where}.{key} must be {expected}, got {_kind(value)}")
+
+    def text(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self._bad(key, "a string or null", value)
+        return value
+
+    def flag(self, key: str, default: bool | None = False) -> bool | None:
+        value = self.data.get(key, default)
+        if value is not None and not isinstance(value, bool):
+            raise self._bad(key, "a boolean", value)
+        return value
+
+    def truth(self, key: str, default: bool = False) -> bool:
+        value = self.flag(key, default)
+        return default if value is None else value
+
+    def number(self, key: str) -> float | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._bad(key, "a number or null", value)
+        return float(value)
+
+    def integer(self, key: str) -> int | None:
+        value = self.data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self._bad(key, "an integer or null", value)
+        return value
+
+    def items(self, key: str) -> list[Any]:
+        value = self.data.get(key, [])
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._bad(key, "an array", value)
+        return value
+
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        value = self.data.get(key, {})
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self._bad(key, "an object", value)
+        return value
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        values = self.items(key)
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                raise self._bad(f"{key}[{i}]", "a string", value)
+        return tuple(values)
+
+    def label(self, key: str = "engine") -> str:
+        return engine_label(self.data.get(key, ""), f"{self.where}.{key}")
+
+    def labels(self, key: str) -> tuple[str, ...]:
+        return tuple(
+            engine_label(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(self.items(key))
+        )
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names.update({list: "an array", dict: "an object", type(None): "null"})
+    return names.get(type(value), type(value).__name__)
+
+
+def engine_label(value: Any, where: str) -> str:
+    """An engine's index (a number) or label (a string) as its label."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise InvalidAnswer(f"{where} must be an engine index or label, got {_kind(value)}")
+
+
+@dataclass(frozen=True)
+class EngineOutcome:
+    """One engine's part in an admin action."""
+
+    engine: str
+    #: The engine confirmed (and, where the state can be read back, shows it).
+    ok: bool
+    #: Why not: one of ``REASONS`` (None when ``ok``).
+    reason: str | None = None
+    #: The engine's or the exporter's error text.
+    error: str | None = None
+    #: The state read back afterwards (verified actions; None: not read back or unknown).
+    state: Any = None
+    #: ``verify_weights``: parameters whose checksum differs from the majority's.
+    mismatches: int | None = None
+    mismatching_parameters: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> EngineOutcome:
+        f = Fields(data, where)
+        return cls(
+            engine=f.label(),
+            ok=f.truth("ok"),
+            reason=f.text("reason"),
+            error=f.text("error"),
+            state=f.data.get("state"),
+            mismatches=f.integer("mismatches"),
+            mismatching_parameters=f.texts("mismatching_parameters"),
+        )
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """The answer of ``POST /admin/<action>``: the fleet's outcome and every engine's."""
+
+    action: str
+    #: The HTTP status: 200 every engine confirmed, 502 some did not, 503 none connected.
+    status: int
+    success: bool
+    #: ``success``, ``partial_failure`` or ``failure``.
+    outcome: str
+    engines: tuple[EngineOutcome, ...]
+    failed_engines: tuple[str, ...]
+    #: The parameters as the exporter understood them (the reset's ``flags``).
+    params: Mapping[str, Any]
+    #: Whether the state was read back on every engine (None: the reset, which has no state).
+    verified: bool | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    #: The answer is the stored one of an earlier request with the same Idempotency-Key.
+    replayed: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def failures(self) -> tuple[EngineOutcome, ...]:
+        """The engines that did not confirm."""
+        return tuple(e for e in self.engines if not e.ok)
+
+    @property
+    def unsupported(self) -> bool:
+        """Every engine that failed lacks the method (an older vLLM), and some failed."""
+        failures = self.failures
+        return bool(failures) and all(e.reason == "unsupported" for e in failures)
+
+    def engine(self, label: str | int) -> EngineOutcome:
+        """The outcome of one engine (``KeyError`` when the answer does not name it)."""
+        wanted = str(label)
+        for e in self.engines:
+            if e.engine == wanted:
+                return e
+        raise KeyError(wanted)
+
+    @classmethod
+    def from_json(
+        cls, action: str, status: int, body: Mapping[str, Any], replayed: bool = False
+    ) -> ActionResult:
+        f = Fields(body, "the answer")
+        engines = tuple(
+            EngineOutcome.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
+        )
+        params = f.mapping("params") if "params" in body else f.mapping("flags")
+        outcome = f.text("outcome") or ("success" if status == 200 else "failure")
+        return cls(
+            action=f.text("action") or action,
+            status=status,
+            success=f.truth("success", status == 200),
+            outcome=outcome,
+            engines=engines,
+            failed_engines=f.labels("failed_engines"),
+            params=dict(params),
+            verified=f.flag("verified", None),
+            duration_s=f.number("duration_s"),
+            error=f.text("error"),
+            replayed=replayed,
+            raw=body,
+        )
+
+
+@dataclass(frozen=True)
+class GateEngine:
+    """One engine in a gate answer: whether it meets every condition, what it reported, and
+    what fails (``"paused is True, expected False"``)."""
+
+    engine: str
+    ok: bool
+    values: Mapping[str, Any]
+    failures: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> GateEngine:
+        f = Fields(data, where)
+        return cls(f.label(), f.truth("ok"), dict(f.mapping("values")), f.texts("failures"))
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The answer of ``GET /gate``: open (``ok``, HTTP 200) when every expected engine answered
+    and meets every condition; closed otherwise (412 naming what fails, 503 when no engine is
+    connected)."""
+
+    ok: bool
+    status: int
+    conditions: Mapping[str, Any]
+    engines: tuple[GateEngine, ...]
+    failing_engines: tuple[str, ...]
+    #: When the fresh fan-out behind the answer was taken (Unix time) and its age then.
+    checked_at_unix: float | None = None
+    age_s: float | None = None
+    error: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def failing(self) -> tuple[GateEngine, ...]:
+        return tuple(e for e in self.engines if not e.ok)
+
+    @classmethod
+    def from_json(cls, status: int, body: Mapping[str, Any]) -> GateResult:
+        f = Fields(body, "the answer")
+        engines = tuple(
+            GateEngine.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
+        )
+        return cls(
+            ok=status == 200,  # the status is the gate's verdict (what ctl wait acts on)
+            status=status,
+            conditions=dict(f.mapping("conditions")),
+            engines=engines,
+            failing_engines=f.labels("failing_engines"),
+            checked_at_unix=f.number("checked_at_unix"),
+            age_s=f.number("age_s"),
+            error=f.text("error"),
+            raw=body,
+        )

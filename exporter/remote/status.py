@@ -1,0 +1,166 @@
+"""``GET /status`` as typed objects (pure): the fleet's verdict per invariant and each
+engine's state, the subset a training script or a controller acts on. ``raw`` keeps the whole
+document (docs/status.md, ``docs/status.schema.json``), keys added by newer exporters included.
+
+The same rules as ``exporter.remote.results``: a missing key takes its default, a key of the
+wrong type is an ``InvalidAnswer``, strings are kept as sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.remote.results import Fields
+
+#: The invariants every poll checks (``aggregate.<method>``, each engine's ``invariants``).
+INVARIANTS = ("is_sleeping", "is_scheduler_paused", "get_weight_version")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The fleet's verdict on one invariant: ``consistent`` (every answering engine agrees on
+    ``value``), ``inconsistent`` or ``unknown``."""
+
+    state: str
+    value: Any = None
+    supported: bool = True
+    error: str | None = None
+    #: Engines whose answer is unknown (failed, timed out, disconnected).
+    missing: tuple[str, ...] = ()
+    #: Engines whose vLLM has no such method.
+    unsupported: tuple[str, ...] = ()
+
+    @property
+    def consistent(self) -> bool:
+        return self.state == "consistent"
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Verdict:
+        f = Fields(data, where)
+        return cls(
+            state=f.text("state") or "unknown",
+            value=f.data.get("value"),
+            supported=f.truth("supported", True),
+            error=f.text("error"),
+            missing=f.labels("missing"),
+            unsupported=f.labels("unsupported"),
+        )
+
+
+@dataclass(frozen=True)
+class EngineInvariant:
+    """One engine's answer to one invariant in the last poll; ``outcome`` ``ok``, ``failed``,
+    ``timeout``, ``disconnected``, ``inconsistent``, ``unsupported`` or None (not asked)."""
+
+    value: Any = None
+    outcome: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> EngineInvariant:
+        f = Fields(data, where)
+        return cls(f.data.get("value"), f.text("outcome"), f.text("error"))
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """One engine's row: connected, answering (``up``), its state (``awake``, ``asleep``,
+    ``paused``, ``unknown``) and its invariants."""
+
+    engine: str
+    connected: bool
+    up: bool
+    state: str
+    vllm_version: str | None = None
+    address: str | None = None
+    handshakes: int | None = None
+    invariants: Mapping[str, EngineInvariant] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def weight_version(self) -> Any:
+        """Its ``get_weight_version`` answer while it is up, else None."""
+        found = self.invariants.get("get_weight_version")
+        return found.value if found is not None and self.up else None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> EngineStatus:
+        f = Fields(data, where)
+        invariants = f.mapping("invariants")
+        return cls(
+            engine=f.label(),
+            connected=f.truth("connected"),
+            up=f.truth("up"),
+            state=f.text("state") or "unknown",
+            vllm_version=f.text("vllm_version"),
+            address=f.text("address"),
+            handshakes=f.integer("handshakes"),
+            invariants={
+                name: EngineInvariant.from_json(value, f"{where}.invariants.{name}")
+                for name, value in invariants.items()
+            },
+            raw=f.data,
+        )
+
+
+@dataclass(frozen=True)
+class Status:
+    """The ``/status`` document."""
+
+    version: str | None
+    attach: str | None
+    model_name: str | None
+    #: The first poll completed and every expected engine handshook.
+    ready: bool
+    engines_expected: int | None
+    engines_connected: int | None
+    #: The number of the last completed poll (None before the first).
+    last_poll: int | None
+    aggregate: Mapping[str, Verdict]
+    engines: tuple[EngineStatus, ...]
+    generated_unix: float | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def sleeping(self) -> Verdict:
+        """The fleet's ``is_sleeping`` verdict (``unknown`` when the document has none);
+        ``ctl status`` exits 0 only when it is consistent."""
+        return self.aggregate.get("is_sleeping") or Verdict("unknown")
+
+    @property
+    def consistent(self) -> bool:
+        return self.sleeping.consistent
+
+    def engine(self, label: str | int) -> EngineStatus:
+        """One engine's row (``KeyError`` when the document does not name it)."""
+        wanted = str(label)
+        for e in self.engines:
+            if e.engine == wanted:
+                return e
+        raise KeyError(wanted)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Status:
+        f = Fields(body, "the status")
+        poll = Fields(f.mapping("last_poll"), "the status.last_poll")
+        aggregate = f.mapping("aggregate")
+        return cls(
+            version=f.text("version"),
+            attach=f.text("attach"),
+            model_name=f.text("model_name"),
+            ready=f.truth("ready"),
+            engines_expected=f.integer("engines_expected"),
+            engines_connected=f.integer("engines_connected"),
+            last_poll=poll.integer("number"),
+            aggregate={
+                name: Verdict.from_json(value, f"aggregate.{name}")
+                for name, value in aggregate.items()
+            },
+            engines=tuple(
+                EngineStatus.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
+            ),
+            generated_unix=f.number("generated_unix"),
+            raw=body,
+        )
