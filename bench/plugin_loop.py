@@ -146,7 +146,10 @@ def report(rows: Sequence[dict[str, float]], args: argparse.Namespace, command: 
         "",
         "CPU per poll is this process's CPU time with the runtime minus without it, per "
         "completed poll (three read methods on every engine, the snapshot, the history); "
-        "negative or noisy values at small sizes are within the machine's spread.",
+        "it includes the simulated engine-core client's own work on the wire, which vLLM's "
+        "client does in the real process. The lag's maximum with the runtime is the longest "
+        "synchronous stretch of a poll (building and publishing its snapshot); noisy values "
+        "at small sizes are within the machine's spread.",
         "",
     ]
     return "\n".join(lines)
