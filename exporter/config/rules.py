@@ -15,7 +15,6 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from exporter.error import ConfigError
@@ -31,12 +30,21 @@ def flag(name: str) -> str:
 # -- files ---------------------------------------------------------------------------------
 
 
+#: The most an operator file (config, token, targets, basic-auth) may hold: read no further,
+#: so a wrong path (``/dev/zero``, a log) is one error line, not a start that never ends.
+MAX_TEXT_FILE_BYTES = 4 * 1024 * 1024
+
+
 def read_text_file(path: str, what: str) -> str:
-    """A file's text, strictly UTF-8; ``what`` names it in the error (``config file``)."""
+    """A file's text, strictly UTF-8, at most ``MAX_TEXT_FILE_BYTES``; ``what`` names it in
+    the error (``config file``)."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TEXT_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TEXT_FILE_BYTES:
+        raise ConfigError(f"{what} {path} is larger than {MAX_TEXT_FILE_BYTES // 2**20} MiB")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

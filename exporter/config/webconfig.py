@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.config.rules import read_text_file
 from exporter.error import ConfigError
 
 CLIENT_AUTH_TYPES: dict[str, ssl.VerifyMode] = {
@@ -299,12 +300,7 @@ def load_web_config(path: str) -> WebConfig:
     import yaml  # here: importing the settings stays light when no web config is used
 
     where = f"web config file {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where} is not UTF-8 text (byte {exc.start})") from None
+    text = read_text_file(path, "web config file")
     try:
         data = _parse_yaml(where, text)
     except RecursionError:

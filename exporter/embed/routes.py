@@ -25,13 +25,12 @@ from fastapi.responses import RedirectResponse, Response
 from multidict import CIMultiDict
 
 from exporter.control.actions import ACTIONS, ActionSpec
-from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.embed.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest
+from exporter.web.app import gate_answer, readiness, status_document
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -68,17 +67,14 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         exporter = runtime.exporter
         if exporter is None:
             return _unavailable(runtime)
-        poller = exporter.poller
-        doc = status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
-        return json_response(doc, headers={"Cache-Control": "no-store"})
+        return json_response(status_document(exporter), headers={"Cache-Control": "no-store"})
 
     async def page(request: Request) -> Response:
         exporter = runtime.exporter
         if exporter is None:
             return _unavailable(runtime)
-        poller = exporter.poller
-        doc = status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
-        return Response(render_page(doc), media_type="text/html", headers=PAGE_HEADERS)
+        page_html = render_page(status_document(exporter))
+        return Response(page_html, media_type="text/html", headers=PAGE_HEADERS)
 
     async def to_page(request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/", status_code=308)
@@ -88,25 +84,15 @@ def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[
         if exporter is None:
             return _unavailable(runtime)
         query = {k: request.query_params.getlist(k) for k in request.query_params}
-        try:
-            conditions = parse_conditions(query)
-        except GateRequestError as exc:
-            return json_response({"ok": False, "error": str(exc)}, status=400)
-        code, body = await exporter.gate.check(conditions)
+        code, body = await gate_answer(exporter, query)
         return json_response(body, status=code, headers={"Cache-Control": "no-store"})
 
     async def readyz(request: Request) -> Response:
         exporter = runtime.exporter
         if exporter is None:
             return _unavailable(runtime)
-        snap = exporter.poller.snapshot
-        body = {
-            "ready": snap.ready,
-            "engines_expected": snap.expected,
-            "engines_connected": snap.connected,
-            "last_poll": snap.poll_number,
-        }
-        return json_response(body, status=200 if snap.ready else 503)
+        code, body = readiness(exporter)
+        return json_response(body, status=code)
 
     async def kv_events(request: Request) -> Response:
         exporter = runtime.exporter

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +53,31 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def gate(request: web.Request) -> web.Response:
     """The safe-to-resume gate (``exporter.control.gate``): JSON in every case."""
-    exporter = request.app[EXPORTER_KEY]
-    try:
-        conditions = parse_conditions({k: request.query.getall(k) for k in request.query})
-    except GateRequestError as exc:
-        return web.json_response({"ok": False, "error": str(exc)}, status=400)
-    status, body = await exporter.gate.check(conditions)
+    query = {k: request.query.getall(k) for k in request.query}
+    status, body = await gate_answer(request.app[EXPORTER_KEY], query)
     return web.json_response(body, status=status, headers={"Cache-Control": "no-store"})
+
+
+async def gate_answer(exporter: Exporter, query: Mapping[str, list[str]]) -> tuple[int, Any]:
+    """The gate's status and JSON body for ``query`` (400 for a bad one), whichever server
+    received it (this app, or the plugin's routes on vLLM's port)."""
+    try:
+        conditions = parse_conditions(query)
+    except GateRequestError as exc:
+        return 400, {"ok": False, "error": str(exc)}
+    return await exporter.gate.check(conditions)
+
+
+def readiness(exporter: Exporter) -> tuple[int, dict[str, Any]]:
+    """``/readyz``: 200 when every expected engine answered the last poll, else 503."""
+    snap = exporter.poller.snapshot
+    body = {
+        "ready": snap.ready,
+        "engines_expected": snap.expected,
+        "engines_connected": snap.connected,
+        "last_poll": snap.poll_number,
+    }
+    return (200 if snap.ready else 503), body
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -67,24 +85,19 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    snap = request.app[EXPORTER_KEY].poller.snapshot
-    body = {
-        "ready": snap.ready,
-        "engines_expected": snap.expected,
-        "engines_connected": snap.connected,
-        "last_poll": snap.poll_number,
-    }
-    return web.json_response(body, status=200 if snap.ready else 503)
+    status, body = readiness(request.app[EXPORTER_KEY])
+    return web.json_response(body, status=status)
 
 
-def _status_doc(exporter: Exporter) -> dict[str, Any]:
+def status_document(exporter: Exporter) -> dict[str, Any]:
+    """The ``/status`` document (and the page's data) of ``exporter`` now."""
     poller = exporter.poller
     return status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
 
 
 async def status(request: web.Request) -> web.Response:
     """The fleet as JSON (``exporter.web.statusdoc``; schema: docs/status.schema.json)."""
-    doc = _status_doc(request.app[EXPORTER_KEY])
+    doc = status_document(request.app[EXPORTER_KEY])
     return web.json_response(doc, headers={"Cache-Control": "no-store"})
 
 
@@ -98,7 +111,7 @@ async def kv_events(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.Response:
     """The incident view (``exporter.web.statuspage``), from the same document as /status."""
     return web.Response(
-        text=render_page(_status_doc(request.app[EXPORTER_KEY])),
+        text=render_page(status_document(request.app[EXPORTER_KEY])),
         content_type="text/html",
         headers=PAGE_HEADERS,
     )
