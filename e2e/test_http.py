@@ -18,7 +18,10 @@ from e2e.fleets import HttpDeployment
 from e2e.traffic import start_long_generations
 from e2e.vllm_runtime import VllmRuntime
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.vllm_needs("GET /is_sleeping", "POST /reset_prefix_cache", "GET /is_paused"),
+]
 
 LONG_TOKENS = 2500
 
@@ -85,6 +88,7 @@ def test_scenario5_per_target_values_and_reset_through_the_dev_route(
         assert "POST /reset_prefix_cache?reset_running_requests=false" in server.log_text()
 
 
+@pytest.mark.vllm_needs("POST /pause", "POST /resume")
 def test_scenario5_one_paused_target_makes_the_fleet_inconsistent(
     deployment: HttpDeployment,
 ) -> None:
@@ -141,6 +145,7 @@ def test_scenario5_one_paused_target_makes_the_fleet_inconsistent(
     )
 
 
+@pytest.mark.vllm_needs("POST /pause", "POST /resume")
 def test_scenario5_a_target_with_running_requests_refuses_the_reset(
     deployment: HttpDeployment,
 ) -> None:

@@ -42,6 +42,7 @@ from e2e.inprocess import (
 )
 from e2e.procs import ProcessGroup
 from e2e.traffic import LongGeneration, complete, start_long_generations
+from e2e.vllm_features import ENDPOINT_PLUGIN_OVERRIDES, ENDPOINT_PLUGINS
 from e2e.vllm_runtime import VllmRuntime
 
 pytestmark = pytest.mark.timeout(900)
@@ -191,6 +192,7 @@ print(json.dumps(answers))
 """
 
 
+@pytest.mark.vllm_needs(ENDPOINT_PLUGINS)
 def test_scenario8b_vllm_loads_the_plugin_only_when_allow_listed(
     plugin_runtime: VllmRuntime, tmp_path: Path
 ) -> None:
@@ -225,6 +227,10 @@ def served(
     return start_plugin_server(plugin_runtime, class_procs, *token)
 
 
+# The plugin's GET /metrics replaces vLLM's own (vLLM 0.32; before, vLLM's route came first).
+@pytest.mark.vllm_needs(
+    ENDPOINT_PLUGINS, ENDPOINT_PLUGIN_OVERRIDES, "get_weight_version", "GET /weight_info"
+)
 class TestPluginInVllmServe:
     def test_scenario8a_two_api_servers_each_polling_both_engines(
         self, served: PluginServer
@@ -421,6 +427,7 @@ def unlisted(
     return start_unlisted_server(plugin_runtime, class_procs, *token)
 
 
+@pytest.mark.vllm_needs(ENDPOINT_PLUGINS)
 class TestPluginNotAllowListed:
     def test_scenario8b_vllm_serves_as_if_the_package_were_not_there(
         self, unlisted: PluginServer
@@ -450,6 +457,7 @@ def trainer(
     yield start_trainer(plugin_runtime, class_procs, *token)
 
 
+@pytest.mark.vllm_needs("get_weight_version", "is_scheduler_paused")
 class TestEmbeddedTrainer:
     def test_scenario8c_metrics_and_status_per_engine(self, trainer: Trainer) -> None:
         endpoint = trainer.endpoint

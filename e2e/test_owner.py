@@ -13,6 +13,7 @@ import pytest
 
 from e2e import web
 from e2e.fleets import OwnerFleet
+from e2e.vllm_features import VllmFeatures
 from e2e.vllm_runtime import READY_TIMEOUT_S, engine_core_pids
 
 pytestmark = pytest.mark.timeout(900)
@@ -51,8 +52,17 @@ def assert_reset_confirmed_by_both(reply: web.Reply) -> None:
     assert body["failed_engines"] == []
 
 
-def test_scenario1_owner_mode_two_real_engines(fleet: OwnerFleet) -> None:
+def registered_version(fleet: OwnerFleet, features: VllmFeatures) -> str | None:
+    """The ``vllm_version`` engines register (vLLM 0.20 registers none)."""
+    return fleet.runtime.version if features.has("registration:vllm_version") else None
+
+
+@pytest.mark.smoke
+def test_scenario1_owner_mode_two_real_engines(
+    fleet: OwnerFleet, vllm_features: VllmFeatures
+) -> None:
     exporter = fleet.exporter
+    version = registered_version(fleet, vllm_features)
     status = exporter.status()
     assert status["ready"] is True
     assert (
@@ -69,22 +79,20 @@ def test_scenario1_owner_mode_two_real_engines(fleet: OwnerFleet) -> None:
     for engine in status["engines"]:
         assert engine["invariants"]["is_sleeping"]["outcome"] == "ok"
         assert engine["connected"] is True
-        assert engine["vllm_version"] == fleet.runtime.version
+        assert engine["vllm_version"] == version
         assert engine["handshakes"] == 1
     scrape = exporter.scrape()
     assert_fleet_healthy(scrape)
     for engine in ENGINES:
-        # Sleep mode is not supported by vLLM's CPU platform, so the engines register without it.
-        assert (
-            scrape.value(
-                "vllm_dp_engine_info",
-                engine=engine,
-                vllm_version=fleet.runtime.version,
-                enable_sleep_mode="false",
+        if version is not None:
+            assert scrape.value("vllm_dp_engine_info", engine=engine, vllm_version=version) == 1
+        if vllm_features.has("registration:enable_sleep_mode"):
+            # vLLM's CPU platform does not support sleep mode: the engines register without it.
+            assert (
+                scrape.value("vllm_dp_engine_info", engine=engine, enable_sleep_mode="false") == 1
             )
-            == 1
-        )
-        assert scrape.value("vllm_dp_engine_paused", engine=engine) == 0
+        if vllm_features.has("is_scheduler_paused"):
+            assert scrape.value("vllm_dp_engine_paused", engine=engine) == 0
 
     assert_reset_confirmed_by_both(exporter.reset())
     after = exporter.scrape()
@@ -114,7 +122,7 @@ def test_scenario2_exporter_restart_finds_running_engines(fleet: OwnerFleet) -> 
 
 
 def test_scenario6_engine_death_then_restart_without_exporter_restart(
-    fleet: OwnerFleet,
+    fleet: OwnerFleet, vllm_features: VllmFeatures
 ) -> None:
     exporter = fleet.exporter
     exporter_pid = exporter.proc.pid
@@ -153,6 +161,7 @@ def test_scenario6_engine_death_then_restart_without_exporter_restart(
     status = exporter.wait_ready(READY_TIMEOUT_S, fleet.engines)
     assert exporter.proc.pid == exporter_pid and exporter.proc.alive()
     assert [e["handshakes"] for e in status["engines"]] == [1, 1]
-    assert all(e["vllm_version"] == fleet.runtime.version for e in status["engines"])
+    version = registered_version(fleet, vllm_features)
+    assert all(e["vllm_version"] == version for e in status["engines"])
     assert_fleet_healthy(exporter.scrape())
     assert_reset_confirmed_by_both(exporter.reset())

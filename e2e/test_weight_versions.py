@@ -116,6 +116,7 @@ def assert_nothing_unsupported(status: dict[str, Any]) -> None:
 # -- 7a: HTTP mode, one server with another weight version ------------------------------------
 
 
+@pytest.mark.vllm_needs("GET /weight_info", "POST /update_weight_version", "GET /is_paused")
 def test_scenario7a_one_server_with_another_weight_version_then_one_version_everywhere(
     http_deployment: HttpDeployment,
 ) -> None:
@@ -187,6 +188,7 @@ def test_scenario7a_one_server_with_another_weight_version_then_one_version_ever
         assert "POST /update_weight_version" in server.log_text()
 
 
+@pytest.mark.vllm_needs("POST /weight_checker")
 def test_scenario7a_verify_weights_across_two_api_servers(
     http_deployment: HttpDeployment,
 ) -> None:
@@ -215,10 +217,18 @@ def assert_checksums_agree(body: dict[str, Any], scrape: web.Scrape) -> None:
 # -- 7b: owner mode, the collective actions on a DP fleet --------------------------------------
 
 
+@pytest.mark.vllm_needs(*READ_METHODS, "set_weight_version", "pause_scheduler", "resume_scheduler")
 def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
     owner_fleet: OwnerFleet,
 ) -> None:
     exporter = owner_fleet.exporter
+    # The smoke set (test_smoke.py) runs the same actions on these engines before.
+    succeeded = {
+        action: exporter.scrape().total(
+            "vllm_dp_admin_actions_total", action=action, outcome="success"
+        )
+        for action in ("weight_version", "pause", "resume")
+    }
     status = wait_weights(exporter, "consistent", VLLM_DEFAULT_VERSION)
     assert_nothing_unsupported(status)
     assert status["aggregate"]["is_scheduler_paused"]["value"] is False
@@ -270,10 +280,16 @@ def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
     assert awake["aggregate"]["get_weight_version"]["value"] == "rl-7"  # a pause keeps it
     scrape = exporter.scrape()
     for action in ("weight_version", "pause", "resume"):
-        assert scrape.value("vllm_dp_admin_actions_total", action=action, outcome="success") == 1
+        assert (
+            scrape.value("vllm_dp_admin_actions_total", action=action, outcome="success")
+            == succeeded[action] + 1
+        )
         assert scrape.total("vllm_dp_admin_action_engine_failures_total", action=action) == 0
 
 
+@pytest.mark.vllm_needs(
+    *READ_METHODS, "compute_weight_checksums", "reset_mm_cache", "reset_encoder_cache"
+)
 def test_scenario7b_verify_weights_and_cache_resets_on_both_engines(
     owner_fleet: OwnerFleet,
 ) -> None:

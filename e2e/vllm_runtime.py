@@ -18,7 +18,7 @@ from pathlib import Path
 from e2e import web
 from e2e.ports import HOST
 from e2e.procs import Managed, cli_flags, descendants, first_exited, process_title
-from e2e.vllm_install import cache_root, install, locked
+from e2e.vllm_install import cache_root, install, locked, selected_version
 
 MODEL_RECIPE = "tiny-llama-r1"  # bump when tiny_model.py changes
 SERVED_NAME = "tiny"
@@ -30,6 +30,11 @@ MAX_MODEL_LEN = 4096
 DTYPE = "float32"
 # First start on a cold machine imports torch/vLLM from a cold disk cache: be generous.
 READY_TIMEOUT_S = float(os.environ.get("VLLM_DP_E2E_READY_TIMEOUT", "420"))
+# Releases before this one (0.20) do not start two engines on a machine with one NUMA node with
+# their default OpenMP binding ("auto": a NUMA node per rank); they get an explicit core list per
+# local DP rank instead (VLLM_CPU_OMP_THREADS_BIND, "0|1"). "nobind" is no way out on 0.20: its
+# binding report indexes the (then empty) per-rank core lists.
+OMP_AUTO_BIND_BEFORE = (0, 26)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class VllmRuntime:
             DO_NOT_TRACK="1",
             PATH=f"{self.venv / 'bin'}:{env.get('PATH', '')}",
         )
+        if _release(self.version) < OMP_AUTO_BIND_BEFORE:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = omp_core_lists(2)
         env.update(extra or {})
         return env
 
@@ -90,6 +97,19 @@ class VllmRuntime:
         return self._serve(*cli_flags(host=HOST, port=api_port, data_parallel_size=count), *extra)
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+
+
+def omp_core_lists(ranks: int) -> str:
+    """``"0|1"``: this process's allowed cores split over ``ranks`` local DP ranks (vLLM gives
+    local rank ``i`` the ``i``-th list; a single engine takes the first)."""
+    cores = sorted(os.sched_getaffinity(0))
+    size = max(1, len(cores) // ranks)
+    groups = [cores[i * size : (i + 1) * size] or cores[-1:] for i in range(ranks)]
+    return "|".join(",".join(map(str, group)) for group in groups)
+
+
 def ensure_model(venv: Path) -> Path:
     """Generate the tiny model once into the cache (atomically: a half-written folder from an
     interrupted run is never used)."""
@@ -111,7 +131,8 @@ def ensure_model(venv: Path) -> Path:
 
 
 def prepare_runtime() -> VllmRuntime:
-    venv = install()
+    """The vLLM under test (``$VLLM_DP_E2E_VLLM_VERSION``, else the default) and the model."""
+    venv = install(selected_version())
     return VllmRuntime(venv=venv, model=ensure_model(venv))
 
 

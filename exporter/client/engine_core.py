@@ -19,6 +19,7 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.base.tasks import watch
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    FAULT_STATUS,
     SHUTTING_DOWN,
     ChangeCallback,
     EngineDetail,
@@ -27,6 +28,7 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
+from exporter.client.pushes import PushBook
 from exporter.client.transport.events import LinkSnapshot, TransportListener
 from exporter.error import EngineUnavailable
 from exporter.protocol import UINT64_MAX, EngineOutput, encode_utility_request
@@ -105,8 +107,11 @@ class EngineCoreClient:
         on_change: ChangeCallback | None = None,
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
         death_confirm_timeout_s: float = DEATH_CONFIRM_TIMEOUT_S,
+        receives_pushes: bool = True,
     ) -> None:
         self._faults = faults
+        #: The exporter is client 0 (owner mode), the one engines push their status to.
+        self._receives_pushes = receives_pushes
         self._allowed = allowed_methods
         self._on_change = on_change
         self._death_confirm_timeout_s = death_confirm_timeout_s
@@ -115,6 +120,8 @@ class EngineCoreClient:
         self._confirming: dict[int, asyncio.Task[None]] = {}
         # Random start: a restarted exporter does not reuse the ids its predecessor had in flight.
         self._next_id = random.getrandbits(64)
+        #: What engines pushed unasked (the exporter is client 0 in owner mode).
+        self.pushes = PushBook(faults)
         self.transport = make_transport(self)
 
     # -- FleetClient -----------------------------------------------------------------------
@@ -127,15 +134,20 @@ class EngineCoreClient:
         details = []
         for link in self.transport.link_snapshots():
             reg = link.registration
+            label = self._label(link.engine_index)
             details.append(
                 EngineDetail(
-                    engine=str(link.engine_index),
+                    engine=label,
                     connected=link.connected,
                     address=link.output_address,
                     vllm_version=reg.vllm_version if reg else None,
                     enable_sleep_mode=reg.enable_sleep_mode if reg else None,
                     handshakes=link.handshakes,
                     kv_events=reg.kv_events if reg else None,
+                    registration=reg.facts if reg else (),
+                    fault_status=self.pushes.fault_status.get(label),
+                    membership=self.pushes.membership.get(label),
+                    pushes=tuple(sorted(self.pushes.counts_of(label).items())),
                 )
             )
         return details
@@ -144,6 +156,8 @@ class EngineCoreClient:
         return self.transport.connected_count()
 
     def supports(self, method: str) -> bool:
+        if method == FAULT_STATUS:
+            return self._receives_pushes
         return method in self._allowed
 
     async def start(self) -> None:
@@ -239,6 +253,13 @@ class EngineCoreClient:
         if reply is None:
             self._faults.record("non_utility_output", f"engine {engine_index}: not a utility reply")
             return False
+        if reply.call_id < 0:  # vLLM's reserved ids: a push, never a reply to us
+            value = reply.value if reply.failure_message is None else None
+            label = self._label(engine_index)
+            changed = self.pushes.on_push(label, engine_index, reply.call_id, value)
+            if changed and self._on_change is not None:  # published at once, not per push
+                self._on_change()
+            return True
         pending = self._pending.get(reply.call_id)
         if pending is None:
             self._faults.record(
@@ -269,6 +290,7 @@ class EngineCoreClient:
         return True
 
     def on_engine_up(self, engine_index: int) -> None:
+        self.pushes.forget(self._label(engine_index))
         if self._on_change is not None:
             self._on_change()
 

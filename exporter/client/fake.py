@@ -14,6 +14,7 @@ from typing import Any
 
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    FAULT_STATUS,
     EngineDetail,
     EngineOutcome,
     Outcome,
@@ -38,6 +39,8 @@ class FakeFleet:
     vllm_version: str | None = "0.33.0"
     #: Engine → its KV-events publisher (as a registration would carry it).
     kv_events: dict[str, KvEventsSource] = field(default_factory=dict)
+    #: Engine → ``enable_sleep_mode`` as registered (absent: True).
+    sleep_mode: dict[str, bool | None] = field(default_factory=dict)
     #: Every call made, in order: (engine, method, args).
     calls: list[tuple[str, str, tuple[Any, ...]]] = field(default_factory=list)
     started: bool = False
@@ -53,7 +56,7 @@ class FakeFleet:
                 connected=e not in self.disconnected,
                 address=f"fake://{e}",
                 vllm_version=self.vllm_version,
-                enable_sleep_mode=True,
+                enable_sleep_mode=self.sleep_mode.get(e, True),
                 handshakes=1,
                 kv_events=self.kv_events.get(e),
             )
@@ -64,6 +67,8 @@ class FakeFleet:
         return sum(1 for e in self.engines if e not in self.disconnected)
 
     def supports(self, method: str) -> bool:
+        if method == FAULT_STATUS:
+            return method not in self.unsupported
         return method in self.allowed_methods and method not in self.unsupported
 
     async def start(self) -> None:

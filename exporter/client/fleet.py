@@ -15,7 +15,9 @@ from typing import Any, Protocol
 import msgspec
 
 from exporter.error import MethodNotAllowed
+from exporter.protocol.handshake import REGISTRATION_FACTS
 from exporter.protocol.kv_events import KvEventsSource
+from exporter.protocol.pushes import FaultStatus, MembershipEvent
 
 #: Read-only methods: the poller and the gate send only these.
 READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
@@ -36,6 +38,13 @@ ACTION_METHODS = frozenset(
 #: Methods the exporter may send at all. Anything else could change an engine's state or kill
 #: it (any attribute of the engine is callable by whoever reaches its input socket).
 DEFAULT_ALLOWED_METHODS = READ_METHODS | ACTION_METHODS
+#: Not a method (never sent): ``supports(FAULT_STATUS)`` says whether this attach mode learns
+#: each engine's fault-tolerance status (owner: pushed to client 0; HTTP: the server's
+#: ``GET /fault_tolerance/status``; in-process: the front end's own copy). Relay mode cannot:
+#: the engines push to the front end.
+FAULT_STATUS = "fault_tolerance_status"
+#: The registration keys ``EngineDetail.registration`` may hold, in vLLM 0.33's order.
+REGISTRATION_KEYS = tuple(key for key, _ in REGISTRATION_FACTS)
 #: vLLM's failure text for utilities that arrive between SIGTERM and exit.
 SHUTTING_DOWN = "Server shutting down"
 
@@ -101,6 +110,15 @@ class EngineDetail:
     #: The engine's KV-events publisher from its registration (owner, relay and in-process
     #: mode); None: it publishes none, or this attach mode cannot know.
     kv_events: KvEventsSource | None = None
+    #: What the engine said about itself when it registered (``REGISTRATION_FACTS`` keys it
+    #: sent, in that order; empty: no registration, or this attach mode cannot know).
+    registration: tuple[tuple[str, Any], ...] = ()
+    #: Its last fault-tolerance status (vLLM's sentinel; None: never reported).
+    fault_status: FaultStatus | None = None
+    #: Its last elastic-EP notification (None: none since its handshake).
+    membership: MembershipEvent | None = None
+    #: Pushes received from it, by kind (``exporter.protocol.pushes.PUSH_KINDS``).
+    pushes: tuple[tuple[str, int], ...] = ()
 
 
 class FleetClient(Protocol):

@@ -7,23 +7,14 @@ API server whose engines disagree (HTTP 500 "Engines returned different is_sleep
 [...]") becomes an ``INCONSISTENT`` outcome carrying those values
 (``docs/protocol.md`` F.4 / F.4.1).
 
-Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``http_replies``):
-
-* ``is_sleeping`` → ``GET /is_sleeping``.
-* ``is_scheduler_paused`` → ``GET /is_paused`` (``AsyncLLM.is_paused`` is
-  ``is_scheduler_paused`` by consensus).
-* ``get_weight_version`` → ``GET /weight_info``.
-* ``reset_prefix_cache`` with ``()``, ``(rr,)`` or ``(rr, rc)`` → ``POST /reset_prefix_cache?
-  reset_running_requests=..&reset_external=..`` (query string only; vLLM ignores a body).
-* ``reset_mm_cache``, ``reset_encoder_cache`` → ``POST /reset_mm_cache``, ``/reset_encoder_cache``.
-* ``sleep(level=1[, mode])`` → ``POST /sleep?level=..[&mode=..]``.
-* ``wake_up([tags])`` → ``POST /wake_up[?tags=..&tags=..]``.
-* ``pause_scheduler([mode[, clear_cache]])`` → ``POST /pause?mode=..[&clear_cache=..]``.
-* ``resume_scheduler()`` → ``POST /resume``.
-* ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
-* ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
-
+Each allow-listed utility method maps to one dev or RL route (F.4): the table is
+``exporter.client.http_routes``'s docstring; replies: ``http_replies``.
 A 404 on a route other than the two oldest dev routes is "unsupported" (``UNSUPPORTED_HINT``).
+
+A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``), the worst of its
+ranks, is ``GET /fault_tolerance/status`` beside each fan-out's ``is_sleeping`` (once per poll
+and per gate sample). A server without it (404/405) is asked again after it was unreachable, or
+``FT_RECHECK_S``; a malformed answer changes nothing and is counted (``BAD_FT_ANSWER``).
 
 One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
 under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
@@ -44,8 +35,10 @@ from typing import Any
 
 import aiohttp
 
+from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    FAULT_STATUS,
     EngineDetail,
     EngineOutcome,
     Outcome,
@@ -60,8 +53,9 @@ from exporter.client.http_plugin import (
     gate_outcomes,
     is_plugin_url,
 )
-from exporter.client.http_replies import interpret
-from exporter.client.http_routes import Route, route
+from exporter.client.http_replies import MAX_FT_ANSWER, fault_status_of, interpret
+from exporter.client.http_routes import Reply, Retryable, Route, connection_error, exchange, route
+from exporter.client.pushes import PushBook
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
 
@@ -72,6 +66,10 @@ DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
 #: A plugin target's gate answer serves the read methods of requests started this soon after.
 PLUGIN_SHARE_S = 0.1
+FT_ROUTE = Route("GET", "/fault_tolerance/status")
+#: A server that answered 404/405 there is asked again after this long (or a reconnection).
+FT_RECHECK_S = 300.0
+BAD_FT_ANSWER = "bad_fault_tolerance_status"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,22 +98,16 @@ class _TargetState:
     #: used by the next poll: the server's own fan-out waits its own call timeout).
     answered: tuple[int, bytes, float] | None = None
     answered_at: float = 0.0
+    #: ``GET /fault_tolerance/status``: the one in flight; when the server last said it has
+    #: no such route (None: ask).
+    ft_task: asyncio.Task[None] | None = None
+    ft_missing_at: float | None = None
 
     def labels(self) -> list[str]:
         """This target's engine labels: one per engine of a plugin target, once known."""
         if self.plugin and self.ranks:
             return [engine_label(self.target.label, r) for r in self.ranks]
         return [self.target.label]
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    status: int
-    body: bytes
-
-
-class _Retryable(Exception):
-    """A pooled connection was reset before any response: worth one retry on a fresh one."""
 
 
 @dataclass
@@ -126,8 +118,11 @@ class HttpFleetClient:
     token: str | None = field(default=None, repr=False)
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
+    #: Where malformed fault-tolerance answers are counted (the exporter's own tally).
+    faults: ProtocolErrorTally = field(default_factory=ProtocolErrorTally, repr=False)
 
     def __post_init__(self) -> None:
+        self.pushes = PushBook(self.faults)
         self._states = [_TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
@@ -148,6 +143,7 @@ class HttpFleetClient:
                 connected=s.connected,
                 address=s.target.url,
                 vllm_version=s.vllm_version,
+                fault_status=self.pushes.fault_status.get(label),
             )
             for s in self._states
             for label in s.labels()
@@ -158,7 +154,10 @@ class HttpFleetClient:
 
     def supports(self, method: str) -> bool:
         """Allow-listed and mapped to a route (whether a given server has the route shows in
-        its answer: ``UNSUPPORTED_HINT``). ``route`` maps every method the exporter may send."""
+        its answer: ``UNSUPPORTED_HINT``). ``route`` maps every method the exporter may send.
+        ``FAULT_STATUS``: every target is asked (one without the route reports none)."""
+        if method == FAULT_STATUS:
+            return True
         return method in self.allowed_methods and method in DEFAULT_ALLOWED_METHODS
 
     async def start(self) -> None:
@@ -241,7 +240,16 @@ class HttpFleetClient:
         self, state: _TargetState, method: str, spec: Route, timeout_s: float
     ) -> list[EngineOutcome]:
         if not state.plugin:
-            return [await self._call_one(state, method, spec)]
+            if method != "is_sleeping":
+                return [await self._call_one(state, method, spec)]
+            # Awaited within this deadline, so that this poll (or gate sample) reads the fresh
+            # status; a slower answer is recorded when it comes, for the next one.
+            deadline = time.monotonic() + timeout_s * 0.9
+            ft = self._ft_refresh(state, timeout_s)
+            outcome = await self._call_one(state, method, spec)
+            if ft is not None:
+                await asyncio.wait((ft,), timeout=max(0.0, deadline - time.monotonic()))
+            return [outcome]
         if method not in GATE_KEYS:
             hint = ACTION_HINT.format(url=state.target.url)
             return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
@@ -281,9 +289,9 @@ class HttpFleetClient:
             started = time.perf_counter()
             try:
                 reply = await self._request(self._pooled(), state, Route("GET", "/gate"))
-            except (_Retryable, aiohttp.ClientError, OSError) as exc:
+            except (Retryable, aiohttp.ClientError, OSError) as exc:
                 state.connected = False
-                error = json.dumps({"error": _connection_error(state.target, exc)}).encode()
+                error = json.dumps({"error": connection_error(state.target.url, exc)}).encode()
                 return 503, error, time.perf_counter() - started
             state.connected = reply.status in (200, 412)
             state.answered = (reply.status, reply.body, time.perf_counter() - started)
@@ -299,14 +307,15 @@ class HttpFleetClient:
             try:
                 try:
                     reply = await self._request(self._pooled(), state, spec)
-                except _Retryable:
+                except Retryable:
                     self.retries += 1
                     log.debug("target %s: pooled connection was reset, retrying once", label)
                     reply = await self._request(self._fresh_session(), state, spec)
-            except (_Retryable, aiohttp.ClientError, OSError) as exc:
+            except (Retryable, aiohttp.ClientError, OSError) as exc:
                 state.connected = False
+                state.ft_missing_at = None  # it may come back as another vLLM
                 return EngineOutcome(
-                    label, Outcome.DISCONNECTED, error=_connection_error(state.target, exc)
+                    label, Outcome.DISCONNECTED, error=connection_error(state.target.url, exc)
                 )
             duration = time.perf_counter() - started
             state.connected = True
@@ -329,10 +338,46 @@ class HttpFleetClient:
             if isinstance(data, dict) and isinstance(data.get("version"), str):
                 # The registration's rule for the same string (a label of every scrape).
                 state.vllm_version = bound_text(data["version"][:MAX_REGISTRATION_STRING])
-        except (_Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
+        except (Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
             log.debug("target %s: no vLLM version", state.target.label)
         finally:
             state.version_pending = False
+
+    def _ft_refresh(self, state: _TargetState, timeout_s: float) -> asyncio.Task[None] | None:
+        """This fan-out's ``GET /fault_tolerance/status`` (the one still running, if any);
+        None while the server is known to lack the route."""
+        if state.ft_task is not None and not state.ft_task.done():
+            return state.ft_task
+        missing = state.ft_missing_at
+        if missing is not None and time.monotonic() - missing < FT_RECHECK_S:
+            return None
+        task = state.ft_task = asyncio.create_task(self._fetch_fault_status(state, timeout_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _fetch_fault_status(self, state: _TargetState, timeout_s: float) -> None:
+        """One answer, recorded in ``pushes`` (so ``since_unix`` holds); never raises. On a
+        connection of its own, as ``GET /version``: the dev routes' pool stays theirs."""
+        label = state.target.label
+        try:  # bounded by the fresh session's connector, as GET /version is
+            request = self._request(self._fresh_session(), state, FT_ROUTE, MAX_FT_ANSWER)
+            reply = await asyncio.wait_for(request, timeout_s)
+        except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return  # unreachable or slow: the dev routes' outcomes say so; the status stays
+        if reply.status in (404, 405):  # no fault tolerance there (off, or an older vLLM)
+            state.ft_missing_at = time.monotonic()
+            self.pushes.forget(label)
+        elif reply.status != 200:
+            log.debug("target %s: HTTP %d from %s", label, reply.status, FT_ROUTE.path)
+        else:
+            try:
+                found = fault_status_of(reply.body)
+            except ValueError as exc:
+                self.faults.record(BAD_FT_ANSWER, f"target {label}: {exc}")
+                return
+            if found is not None:
+                self.pushes.set_fault_status(label, *found)
 
     def _pooled(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -345,37 +390,11 @@ class HttpFleetClient:
         return self._fresh
 
     async def _request(
-        self, session: aiohttp.ClientSession, state: _TargetState, spec: Route
-    ) -> _Reply:
+        self,
+        session: aiohttp.ClientSession,
+        state: _TargetState,
+        spec: Route,
+        limit: int | None = None,
+    ) -> Reply:
         state.requests += 1
-        try:
-            async with session.request(
-                spec.verb,
-                state.target.url + spec.path,
-                params=spec.query,
-                json=spec.body,
-                allow_redirects=False,
-            ) as resp:
-                body = await resp.read()
-                if resp.status >= 500:
-                    # vLLM closes the connection after a 500 without a `connection: close`
-                    # header: do not hand it back to the pool.
-                    resp.close()
-                return _Reply(resp.status, body)
-        except aiohttp.ClientConnectorError:
-            raise  # could not connect at all: nothing to retry
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise _Retryable(type(exc).__name__) from exc
-
-
-def _connection_error(target: HttpTarget, exc: BaseException) -> str:
-    """A connection failure without request headers (the token) in it."""
-    cause = exc.__cause__ if isinstance(exc, _Retryable) and exc.__cause__ else exc
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        detail = cause.strerror or type(cause.os_error).__name__
-        return f"cannot connect to {target.url}: {detail}"
-    if isinstance(cause, aiohttp.ServerDisconnectedError):
-        return f"{target.url} closed the connection without a response"
-    if isinstance(cause, OSError) and cause.strerror:
-        return f"connection to {target.url} failed: {cause.strerror}"
-    return f"connection to {target.url} failed: {type(cause).__name__}"
+        return await exchange(session, state.target.url, spec, limit)

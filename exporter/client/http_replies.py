@@ -16,6 +16,9 @@ map split again by the keys' ``dp..:pp..:pcp..:tp..:ep..:`` rank prefix).
 
 Every string of a reply (error texts, values, the values of an inconsistent answer) is cut by the
 rule owner and relay mode apply to engine replies, ``exporter.protocol.strings``.
+
+``fault_status_of`` reads vLLM 0.33's ``GET /fault_tolerance/status`` (not a utility method:
+its result is a target's fault-tolerance status, ``EngineDetail.fault_status``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.pushes import FT_FAULTY, FT_STATUSES, MAX_FAULT_INFO
 from exporter.protocol.strings import bound_text, bound_value
 
 DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
@@ -189,3 +193,57 @@ def interpret(
 
 def _snippet(body: bytes) -> str:
     return bound_text(body.decode("utf-8", "replace").strip()) or "(empty body)"
+
+
+#: ``GET /fault_tolerance/status``: the answer read at most (vLLM's is ~60 bytes per rank; a
+#: longer one is refused unread, never buffered whole) and the ranks one answer may name.
+MAX_FT_ANSWER = 1 << 20
+MAX_FT_RANKS = 1024
+_FT_SEVERITY = {status: n for n, status in enumerate(FT_STATUSES)}  # healthy < unhealthy < dead
+
+
+def fault_status_of(body: bytes) -> tuple[str, str | None] | None:
+    """Pure: one target's (status, fault_info) from vLLM 0.33's 200 answer ``{"schema_version":
+    1, "total_engines": N, "engines": [{"id": rank, "status": .., "fault_info": ..}, ..]}``:
+    the worst of its ranks, fault_info naming the faulty ones (``"rank 1: RuntimeError"``, cut).
+    None: no rank named. ``ValueError`` for a malformed answer, a single bad entry included
+    (the rank it garbles might be the faulty one: never a false healthy)."""
+    if len(body) > MAX_FT_ANSWER:
+        raise ValueError(f"answer longer than {MAX_FT_ANSWER} bytes")
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ValueError(
+            f"answer is not JSON (or nested too deeply): {_snippet(body[:64])}"
+        ) from None
+    entries = doc.get("engines") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_FT_RANKS:
+        raise ValueError("answer has no list of at most 1024 engines")
+    ranks = sorted((fault_entry(entry) for entry in entries), key=lambda e: e[0])
+    if not ranks:
+        return None
+    worst = max((status for _, status, _ in ranks), key=_FT_SEVERITY.__getitem__)
+    faulty = [f"rank {r}: {info or s}" for r, s, info in ranks if s in FT_FAULTY]
+    return worst, bound_text("; ".join(faulty), MAX_FAULT_INFO) if faulty else None
+
+
+def fault_entry(entry: Any) -> tuple[int, str, str | None]:
+    """(rank, status, fault_info cut, a failed recovery's error appended) of one entry of
+    ``engines`` (vLLM's ``_engine_status`` values: in-process mode reads them too)."""
+    if not isinstance(entry, dict):
+        raise ValueError("an engine entry is not an object")
+    rank, status, info, error = (entry.get(k) for k in ("id", "status", "fault_info", "ft_error"))
+    if not isinstance(status, str) or status not in _FT_SEVERITY or type(rank) is not int:
+        raise ValueError(f"bad engine entry: id {_kind(rank)}, status {_kind(status)}")
+    if not 0 <= rank < 0x10000:
+        raise ValueError(f"bad engine entry: id {rank}")
+    if not all(v is None or isinstance(v, str) for v in (info, error)):
+        raise ValueError(f"engine {rank}: fault_info or ft_error is not a string")
+    text = bound_text(info) if info else None
+    if error:
+        text = f"{text or status}, recovery failed: {bound_text(error, 128)}"
+    return rank, status, text
+
+
+def _kind(value: Any) -> str:
+    return bound_text(value, 32) if isinstance(value, str) else type(value).__name__

@@ -1,10 +1,30 @@
-"""Pure: the dev or RL route of vLLM's API server that stands for one utility call (HTTP mode,
-``docs/protocol.md`` F.4; the mapping table is ``exporter.client.http``'s docstring)."""
+"""The dev or RL route of vLLM's API server that stands for one utility call (``route``, pure;
+HTTP mode, ``docs/protocol.md`` F.4), and one exchange of a route with an API server
+(``exchange``: vLLM's connection habits).
+
+Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``http_replies``):
+
+* ``is_sleeping`` → ``GET /is_sleeping``.
+* ``is_scheduler_paused`` → ``GET /is_paused`` (``AsyncLLM.is_paused`` is
+  ``is_scheduler_paused`` by consensus).
+* ``get_weight_version`` → ``GET /weight_info``.
+* ``reset_prefix_cache`` with ``()``, ``(rr,)`` or ``(rr, rc)`` → ``POST /reset_prefix_cache?
+  reset_running_requests=..&reset_external=..`` (query string only; vLLM ignores a body).
+* ``reset_mm_cache``, ``reset_encoder_cache`` → ``POST /reset_mm_cache``, ``/reset_encoder_cache``.
+* ``sleep(level=1[, mode])`` → ``POST /sleep?level=..[&mode=..]``.
+* ``wake_up([tags])`` → ``POST /wake_up[?tags=..&tags=..]``.
+* ``pause_scheduler([mode[, clear_cache]])`` → ``POST /pause?mode=..[&clear_cache=..]``.
+* ``resume_scheduler()`` → ``POST /resume``.
+* ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
+* ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
 
 from exporter.error import MethodNotAllowed
 
@@ -95,3 +115,64 @@ def _mode(mode: Any) -> str:
     if not isinstance(mode, str):
         raise MethodNotAllowed("the pause mode must be a string")
     return mode
+
+
+# -- one exchange ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+
+
+class Retryable(Exception):
+    """A pooled connection was reset before any response: worth one retry on a fresh one."""
+
+
+async def exchange(
+    session: aiohttp.ClientSession, base_url: str, spec: Route, limit: int | None = None
+) -> Reply:
+    """One request and its whole answer; with ``limit``, a body longer than that is cut just
+    past it (its connection dropped): the caller refuses it without buffering it whole."""
+    try:
+        async with session.request(
+            spec.verb,
+            base_url + spec.path,
+            params=spec.query,
+            json=spec.body,
+            allow_redirects=False,
+        ) as resp:
+            body = await resp.read() if limit is None else await _read_at_most(resp, limit)
+            if resp.status >= 500:
+                # vLLM closes the connection after a 500 without a `connection: close`
+                # header: do not hand it back to the pool.
+                resp.close()
+            return Reply(resp.status, body)
+    except aiohttp.ClientConnectorError:
+        raise  # could not connect at all: nothing to retry
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise Retryable(type(exc).__name__) from exc
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            resp.close()
+            break
+    return bytes(body)
+
+
+def connection_error(url: str, exc: BaseException) -> str:
+    """A connection failure without request headers (the token) in it."""
+    cause = exc.__cause__ if isinstance(exc, Retryable) and exc.__cause__ else exc
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        detail = cause.strerror or type(cause.os_error).__name__
+        return f"cannot connect to {url}: {detail}"
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return f"{url} closed the connection without a response"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"connection to {url} failed: {cause.strerror}"
+    return f"connection to {url} failed: {type(cause).__name__}"

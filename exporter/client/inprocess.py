@@ -13,6 +13,9 @@ reply handler pops it, and a missing entry would kill vLLM's output loop), and a
 that, a call to that engine times out at once without being sent, so a hung engine cannot grow
 vLLM's table without bound.
 
+Each engine's fault-tolerance status is the front end's own copy of its sentinel's pushes
+(vLLM 0.33's ``_engine_status``), read on every ``engine_details()``.
+
 When an engine dies, vLLM's front end fails as a whole (``EngineDeadError`` on every call, and
 the API server exits); until then this client answers ``disconnected`` for every engine and
 never raises into vLLM.
@@ -26,8 +29,10 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    FAULT_STATUS,
     SHUTTING_DOWN,
     EngineDetail,
     EngineOutcome,
@@ -35,6 +40,7 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
+from exporter.client.pushes import PushBook
 from exporter.client.vllm_core import VllmCore, is_engine_dead_error
 from exporter.protocol.strings import bound_text, bound_value
 
@@ -59,8 +65,11 @@ class InProcessFleetClient:
         *,
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
         max_in_flight: int = MAX_IN_FLIGHT,
+        faults: ProtocolErrorTally | None = None,
     ) -> None:
         self.core = core
+        #: The front end's fault-tolerance statuses, as recorded (``since_unix`` kept).
+        self.pushes = PushBook(faults if faults is not None else ProtocolErrorTally())
         self._allowed = allowed_methods
         self._max_in_flight = max_in_flight
         #: engine label → this client's calls waiting in vLLM's client for a reply.
@@ -78,6 +87,8 @@ class InProcessFleetClient:
         connected = not self.core.dead()
         where = f"in-process (vLLM client {self.core.client_index})"
         kv_events = self.core.kv_event_sources()
+        self._read_fault_statuses()
+        faults = self.pushes.fault_status
         return [
             EngineDetail(
                 engine=label,
@@ -87,6 +98,7 @@ class InProcessFleetClient:
                 enable_sleep_mode=self.core.enable_sleep_mode,
                 handshakes=1,
                 kv_events=kv_events.get(label),
+                fault_status=faults.get(label),
             )
             for label, _ in self.core.engines()
         ]
@@ -95,7 +107,20 @@ class InProcessFleetClient:
         return 0 if self.core.dead() else len(self.core.engines())
 
     def supports(self, method: str) -> bool:
+        if method == FAULT_STATUS:
+            return self.core.keeps_fault_status()
         return method in self._allowed
+
+    def _read_fault_statuses(self) -> None:
+        """The front end's copy of the sentinels' pushes, read afresh (a dict read): a rank
+        it no longer lists is forgotten."""
+        statuses = self.core.fault_statuses()
+        if statuses is None:
+            return
+        for label in set(self.pushes.fault_status) - statuses.keys():
+            self.pushes.forget(label)
+        for label, (status, info) in statuses.items():
+            self.pushes.set_fault_status(label, status, info)
 
     async def start(self) -> None:
         self._closed = False

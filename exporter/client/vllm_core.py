@@ -10,7 +10,10 @@ vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``
   timeout of its own; its future sits in ``utility_results`` until the reply comes;
 * ``resources.engine_dead``: set once the engine-core client saw an engine die;
 * ``get_kv_event_sources()``: each ready engine's KV-events publisher config, keyed by DP rank,
-  as its registration carried it (optional here: ``{}`` without it).
+  as its registration carried it (optional here: ``{}`` without it);
+* ``_engine_status`` (vLLM 0.33, optional): the front end's copy of the fault-tolerance
+  sentinels' pushes, DP rank → ``{"id", "status", "fault_info"?}`` (``{}`` with fault tolerance
+  off); what ``GET /fault_tolerance/status`` answers.
 
 Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
 caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.client.http_replies import fault_entry
 from exporter.error import ConfigError, ProtocolError
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 
@@ -37,6 +41,7 @@ ENGINE_DEAD_ERROR = "EngineDeadError"
 KV_EVENTS_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "topic")
 #: DP ranks read from ``get_kv_event_sources`` at most (vLLM's ranks fit in two bytes).
 MAX_KV_EVENT_SOURCES = 0x10000
+ENGINE_STATUS = "_engine_status"
 
 
 def engine_core_of(engine_client: Any) -> Any:
@@ -137,6 +142,32 @@ class VllmCore:
                 continue
             if source is not None:
                 found[str(rank)] = source
+        return found
+
+    def keeps_fault_status(self) -> bool:
+        """Whether this vLLM's front end keeps its engines' fault-tolerance status."""
+        return isinstance(getattr(self.core, ENGINE_STATUS, None), dict)
+
+    def fault_statuses(self) -> dict[str, tuple[str, str | None]] | None:
+        """Engine label → (status, fault_info) from ``_engine_status`` (a dict read, read as
+        HTTP mode reads the same entries from the route). None: nothing readable. An entry of
+        another shape is skipped: never an error in vLLM."""
+        table = getattr(self.core, ENGINE_STATUS, None)
+        if not isinstance(table, dict):
+            return None
+        try:
+            items = list(table.items())[:MAX_KV_EVENT_SOURCES]
+        except Exception:  # changed while copied (another thread): the next read
+            return None
+        found = {}
+        for rank, entry in items:
+            try:
+                entry_rank, status, info = fault_entry(entry)
+            except Exception as exc:  # another shape (ValueError): never an error in vLLM
+                log.debug("engine %r fault-tolerance status: %s", rank, exc)
+                continue
+            if type(rank) is int and rank == entry_rank:
+                found[str(rank)] = (status, info)
         return found
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:

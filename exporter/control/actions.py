@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exporter.client.fleet import FleetClient, Outcome
+from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
 from exporter.config.settings import ServeConfig
 from exporter.control.parsing import (
     ActionRequest,
@@ -63,6 +63,46 @@ class Fanout(Protocol):
     ) -> Awaitable[ActionResult]: ...
 
 
+#: Methods an engine can only run when it was started with ``--enable-sleep-mode``.
+SLEEP_MODE_METHODS = frozenset({"sleep", "wake_up"})
+NO_SLEEP_MODE = (
+    "unsupported by this engine: it registered without sleep mode (vllm serve "
+    "--enable-sleep-mode); not sent"
+)
+
+
+def capability_gaps(client: FleetClient, method: str) -> dict[str, EngineOutcome]:
+    """Engines whose registration says they cannot run ``method``: their outcome, without
+    sending the call (pure over ``engine_details``). Where the registration does not say
+    (an older vLLM, HTTP mode), the engine is asked as usual."""
+    if method not in SLEEP_MODE_METHODS:
+        return {}
+    return {
+        d.engine: EngineOutcome(d.engine, Outcome.FAILED, error=NO_SLEEP_MODE)
+        for d in client.engine_details()
+        if d.enable_sleep_mode is False
+    }
+
+
+async def call_capable(
+    client: FleetClient, method: str, args: tuple[Any, ...], timeout_s: float
+) -> list[EngineOutcome]:
+    """``method`` on every engine that can run it; ``unsupported`` for the others (in the
+    fleet's engine order)."""
+    gaps = capability_gaps(client, method)
+    if not gaps:
+        return await client.call_utility(method, args, timeout_s=timeout_s)
+    labels = client.engine_labels
+    capable = [label for label in labels if label not in gaps]
+    asked = (
+        await client.call_utility(method, args, timeout_s=timeout_s, engines=capable)
+        if capable
+        else []
+    )
+    by_engine = {o.engine: o for o in asked} | gaps
+    return [by_engine[label] for label in labels if label in by_engine]
+
+
 async def run_action(
     client: FleetClient,
     request: ActionRequest,
@@ -72,20 +112,28 @@ async def run_action(
 ) -> ActionResult:
     """The call on every engine, then the read-back on every engine the call reached."""
     started = time.perf_counter()
-    calls = await client.call_utility(request.method, request.args, timeout_s=timeout_s)
+    calls = await call_capable(client, request.method, request.args, timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
         return ActionResult(503, no_engine_body(request.action, request.params, shape))
     readback = None
     if request.check is not None:
-        reached = [o.engine for o in calls if o.outcome is not Outcome.DISCONNECTED]
-        back = await client.call_utility(
-            request.check.invariant.method, timeout_s=timeout_s, engines=reached
+        reached = [
+            o.engine
+            for o in calls
+            if o.outcome is not Outcome.DISCONNECTED and o.error != NO_SLEEP_MODE
+        ]
+        back = (
+            await client.call_utility(
+                request.check.invariant.method, timeout_s=timeout_s, engines=reached
+            )
+            if reached
+            else []
         )
         readback = {o.engine: o for o in back}
     verdict = classify(request, calls, readback)
     duration = time.perf_counter() - started
     body = verdict_body(verdict, request.params, duration, shape)
-    return ActionResult(200 if verdict.success else 502, body, verdict, duration)
+    return ActionResult(verdict.status, body, verdict, duration)
 
 
 async def run_verify_weights(
@@ -106,9 +154,7 @@ async def run_verify_weights(
     body = verdict_body(verdict, request.params, duration, shape)
     add_comparisons(body, verdict, comparisons)
     mismatches = {e: c.mismatches for e, c in comparisons.items()}
-    return ActionResult(
-        200 if verdict.success else 502, body, verdict, duration, {"mismatches": mismatches}
-    )
+    return ActionResult(verdict.status, body, verdict, duration, {"mismatches": mismatches})
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,9 +55,10 @@ def build_fleet(
             lambda listener: RelayTransport(relay, listener, faults, counter, state_writes=writes),
             faults,
             on_change=on_change,
+            receives_pushes=False,
         )
     if config.attach == "http":
-        return http_client(config)
+        return http_client(config, faults)
     if config.attach == "inprocess":
         raise ConfigError(
             "attach mode inprocess runs inside vLLM's API server (VLLM_PLUGINS=dp_exporter) or "
@@ -82,7 +83,7 @@ def relay_config(config: ServeConfig) -> RelayConfig:
     )
 
 
-def http_client(config: ServeConfig) -> HttpFleetClient:
+def http_client(config: ServeConfig, faults: ProtocolErrorTally | None = None) -> HttpFleetClient:
     """The ``--attach http`` client from ``--http-target``, ``--http-targets-file`` and token."""
     entries = list(config.http_target)
     if config.http_targets_file:
@@ -92,7 +93,9 @@ def http_client(config: ServeConfig) -> HttpFleetClient:
         if config.http_token_file
         else None
     )
-    return HttpFleetClient(parse_targets(entries), token=token)
+    return HttpFleetClient(
+        parse_targets(entries), token=token, faults=faults or ProtocolErrorTally()
+    )
 
 
 def parse_target(text: str, index: int) -> HttpTarget:

@@ -1,10 +1,12 @@
 """``GET /gate``: the safe-to-resume check an RL loop runs before it resumes traffic.
 
 Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
-``paused=true|false``). The gate runs a **fresh** fan-out of every invariant (never the cached
+``paused=true|false``, ``healthy=true|false``: no rank reports an unhealthy or dead
+fault-tolerance status). The gate runs a **fresh** fan-out of every invariant (never the cached
 poll), shared by concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is the
 pure verdict over that sample: 200 when every expected engine answered and meets every
-condition, 412 naming the failing engines and conditions, 503 when no engine is connected.
+condition, 412 naming the failing engines and conditions, 501 when no engine supports a
+condition (an older vLLM: waiting cannot help), 503 when no engine is connected.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
+from exporter.client.fleet import FAULT_STATUS, EngineOutcome, FleetClient, Outcome
+from exporter.control.verdicts import UNSUPPORTED_STATUS
 from exporter.fleetstate.invariants import (
     BY_KEY,
     INVARIANTS,
@@ -24,10 +27,16 @@ from exporter.fleetstate.invariants import (
     is_unsupported,
     require_type,
 )
+from exporter.protocol.pushes import FaultStatus
 
 
 class GateRequestError(Exception):
     """A bad gate query; the message names the parameter."""
+
+
+#: The condition on each engine's fault-tolerance status (not a polled invariant: it comes
+#: from what the engines push, ``EngineDetail.fault_status``).
+HEALTHY = "healthy"
 
 
 def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -35,13 +44,13 @@ def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
     conditions: dict[str, Any] = {}
     for name, values in query.items():
         invariant = BY_KEY.get(name)
-        if invariant is None:
-            known = ", ".join(BY_KEY)
+        if invariant is None and name != HEALTHY:
+            known = ", ".join((*BY_KEY, HEALTHY))
             raise GateRequestError(f"unknown condition {name!r} (known: {known})")
         if len(values) != 1:
             raise GateRequestError(f"condition {name!r} given more than once")
         raw = values[0]
-        if invariant.expected == "a boolean":
+        if invariant is None or invariant.expected == "a boolean":
             lowered = raw.lower()
             if lowered not in ("true", "false", "1", "0"):
                 raise GateRequestError(f"condition {name!r} must be true or false, got {raw!r}")
@@ -61,6 +70,20 @@ class Sample:
     engines: tuple[str, ...]
     taken_at_unix: float
     taken_at: float  # monotonic
+    #: Engine → its last fault-tolerance status (absent: never reported); None: this attach
+    #: mode cannot know (relay).
+    fault_status: Mapping[str, FaultStatus] | None = None
+
+
+def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool]:
+    """(failure or None, healthy) of one engine for ``healthy=expected``."""
+    ft = (sample.fault_status or {}).get(engine)
+    healthy = ft is None or not ft.faulty
+    if healthy == expected:
+        return None, healthy
+    why = f" ({ft.fault_info})" if ft is not None and ft.fault_info else ""
+    status = ft.status if ft is not None else "healthy"
+    return f"{HEALTHY}: fault tolerance reports {status}{why}, expected healthy={expected}", healthy
 
 
 def _engine_failures(
@@ -68,7 +91,11 @@ def _engine_failures(
 ) -> tuple[list[str], dict[str, Any]]:
     failures: list[str] = []
     values: dict[str, Any] = {}
-    wanted: list[Invariant] = [BY_KEY[k] for k in conditions]
+    if HEALTHY in conditions:
+        failure, values[HEALTHY] = _health_failure(engine, conditions[HEALTHY], sample)
+        if failure is not None:
+            failures.append(failure)
+    wanted: list[Invariant] = [BY_KEY[k] for k in conditions if k != HEALTHY]
     if SLEEPING not in wanted:
         wanted.insert(0, SLEEPING)  # every engine must answer, conditions or not
     for invariant in wanted:
@@ -87,6 +114,25 @@ def _engine_failures(
                 f"{invariant.key} is {o.value!r}, expected {conditions[invariant.key]!r}"
             )
     return failures, values
+
+
+def unsupported_conditions(conditions: Mapping[str, Any], sample: Sample) -> list[str]:
+    """The conditions that no engine of ``sample`` can answer: every engine lacks the method,
+    or the attach mode does not ask it (pure)."""
+    if not sample.engines:
+        return []
+    found = []
+    for key in conditions:
+        if key == HEALTHY:
+            if sample.fault_status is None:
+                found.append(key)
+            continue
+        by_engine = sample.outcomes.get(BY_KEY[key].method, {})
+        if all(
+            (o := by_engine.get(engine)) is None or is_unsupported(o) for engine in sample.engines
+        ):
+            found.append(key)
+    return found
 
 
 def evaluate(
@@ -111,6 +157,11 @@ def evaluate(
         "checked_at_unix": sample.taken_at_unix,
         "age_s": round(max(0.0, now - sample.taken_at), 3),
     }
+    unsupported = unsupported_conditions(conditions, sample)
+    if unsupported:
+        body["unsupported"] = unsupported
+        body["error"] = f"no engine supports {', '.join(unsupported)} (an older vLLM?)"
+        return UNSUPPORTED_STATUS, body
     return (200 if ok else 412), body
 
 
@@ -158,7 +209,14 @@ class Gate:
             inv.method: {o.engine: o for o in require_type(inv, got)}
             for inv, got in zip(asked, results, strict=True)
         }
-        sample = Sample(outcomes, engines, self._wall(), self._clock())
+        faults = None
+        if client.supports(FAULT_STATUS):
+            faults = {
+                d.engine: d.fault_status
+                for d in client.engine_details()
+                if d.fault_status is not None
+            }
+        sample = Sample(outcomes, engines, self._wall(), self._clock(), faults)
         self._last = sample
         return sample
 

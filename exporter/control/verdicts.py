@@ -25,6 +25,9 @@ from exporter.fleetstate.checksums import (
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.strings import bound_text
 
+#: The status of an answer for something no engine supports (an action, a gate condition).
+UNSUPPORTED_STATUS = 501
+
 
 @dataclass(frozen=True, slots=True)
 class EngineResult:
@@ -51,7 +54,16 @@ class ActionVerdict:
 
     @property
     def outcome(self) -> str:
-        return fleet_outcome(len(self.engines), len(self.failures))
+        unsupported = sum(1 for e in self.engines if e.reason == "unsupported")
+        return fleet_outcome(len(self.engines), len(self.failures), unsupported)
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of the answer: 200 every engine confirmed, 501 no engine has the
+        method (nothing to retry: that vLLM cannot do it), 502 anything else."""
+        if self.success:
+            return 200
+        return UNSUPPORTED_STATUS if self.outcome == "unsupported" else 502
 
 
 def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, str | None]:

@@ -34,11 +34,14 @@ class ConsensusVerdict:
     missing: tuple[str, ...] = ()
 
 
-def fleet_outcome(engines: int, failed: int) -> str:
-    """An all-engines action: success (none failed), failure (none confirmed; also for zero
-    engines), or partial_failure."""
+def fleet_outcome(engines: int, failed: int, unsupported: int = 0) -> str:
+    """An all-engines action: success (none failed), unsupported (every engine lacks the
+    method: an older vLLM, not a fault), failure (none confirmed; also for zero engines), or
+    partial_failure (some confirmed; the engines that lack the method are among its failures)."""
     if engines and not failed:
         return "success"
+    if engines and unsupported == engines:
+        return "unsupported"
     if failed == engines:
         return "failure"
     return "partial_failure"

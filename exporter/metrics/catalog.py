@@ -33,9 +33,23 @@ class MetricSpec:
 
 
 ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
+#: Registration facts shown as ``vllm_dp_engine_info`` labels: one series per engine whatever
+#: their values (a per-start ``instance_id`` is in /status only: it would add a series per
+#: restart).
+INFO_FACTS = (
+    "vllm_version",
+    "enable_sleep_mode",
+    "data_parallel_rank",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+)
+#: The label value of a registration fact the engine did not send.
+UNKNOWN_FACT = "unknown"
 FLEET_STATES = ("consistent", "inconsistent", "unknown")
 CALL_OUTCOMES = ("ok", "failed", "timeout", "disconnected", "inconsistent")
-RESET_OUTCOMES = ("success", "partial_failure", "failure")
+#: Fleet outcomes of an admin action (``exporter.fleetstate.aggregate.fleet_outcome``).
+RESET_OUTCOMES = ("success", "partial_failure", "failure", "unsupported")
 RESET_FAILURE_REASONS = ("refused", "failed", "timeout", "disconnected")
 #: Every admin action (exporter.actions, the prefix-cache reset, the weight verification).
 ADMIN_ACTIONS = (
@@ -88,8 +102,42 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "vllm_dp_engine_info",
         "gauge",
-        ("engine", "vllm_version", "enable_sleep_mode"),
-        "Always 1; labels from the engine's start-up registration message.",
+        ("engine", *INFO_FACTS),
+        "Always 1; labels from the engine's start-up registration message (unknown for a key "
+        "that engine's vLLM does not send: 0.20 sends none of these).",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_fault_tolerance_status",
+        "gauge",
+        ("engine", "status"),
+        "State set (healthy, unhealthy, dead): the engine's last status from vLLM's "
+        "fault-tolerance sentinel (--enable-fault-tolerance); absent while it never reported.",
+        modes=("owner", "http", "inprocess"),
+    ),
+    MetricSpec(
+        "vllm_dp_fault_tolerance_faulty_engines",
+        "gauge",
+        (),
+        "Engines whose last fault-tolerance status is unhealthy or dead (0: every rank that "
+        "reported is healthy); absent until some engine reported a status.",
+        modes=("owner", "http", "inprocess"),
+    ),
+    MetricSpec(
+        "vllm_dp_engine_pushes_total",
+        "counter",
+        ("engine", "kind"),
+        "Messages an engine sent unasked with vLLM's reserved call ids, by kind "
+        "(fault_tolerance_status, elastic_ep, other); never protocol errors.",
+        modes=("owner", "relay"),
+    ),
+    MetricSpec(
+        "vllm_dp_engine_membership_event_timestamp_seconds",
+        "gauge",
+        ("engine", "event"),
+        "Unix time of the engine's last elastic-EP notification (RECONFIGURE_FINISHED, "
+        "SHUTDOWN_COMPLETE) since its handshake.",
+        modes=("owner", "relay"),
+        latest=True,
     ),
     MetricSpec(
         "vllm_dp_engine_weight_version_info",
@@ -149,7 +197,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("outcome",),
         "Admin prefix-cache resets, by outcome: success (every engine confirmed), "
-        "partial_failure (some did not), failure (none did or no engine connected).",
+        "partial_failure (some did not), failure (none did or no engine connected), "
+        "unsupported (no engine has the method or route).",
     ),
     MetricSpec(
         "vllm_dp_prefix_cache_reset_engine_failures_total",
@@ -197,7 +246,8 @@ METRICS: tuple[MetricSpec, ...] = (
         ("action", "outcome"),
         "Completed admin actions (sleep, wake_up, pause, resume, weight_version, cache resets, "
         "verify_weights), by outcome: success (every engine confirmed and, where readable, "
-        "shows the state), partial_failure, failure.",
+        "shows the state), partial_failure, failure, unsupported (no engine supports it: an "
+        "older vLLM, or engines registered without sleep mode; nothing was sent or changed).",
     ),
     MetricSpec(
         "vllm_dp_admin_action_engine_failures_total",

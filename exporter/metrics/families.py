@@ -25,10 +25,19 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
+from exporter.client.fleet import EngineDetail
+from exporter.client.pushes import FT_STATUSES
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.invariants import WEIGHT_VERSION
 from exporter.fleetstate.snapshot import FleetSnapshot
-from exporter.metrics.catalog import BY_NAME, ENGINE_STATES, FLEET_STATES, MetricSpec
+from exporter.metrics.catalog import (
+    BY_NAME,
+    ENGINE_STATES,
+    FLEET_STATES,
+    INFO_FACTS,
+    UNKNOWN_FACT,
+    MetricSpec,
+)
 from exporter.metrics.stats import Histogram, Stats, histogram_rows
 
 Labels = tuple[str, ...]
@@ -89,6 +98,7 @@ def build_families(
     """Every series the exporter publishes right now, in exposition order."""
     b = _Builder(model_name)
     _engine_rows(b, snap)
+    _push_rows(b, snap)
     _fleet_rows(b, snap)
     _counter_rows(b, stats, faults, include_relay)
     return b.families
@@ -115,11 +125,59 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
         if e.last_success_unix is not None:
             b.add(last_ok, engine, e.last_success_unix)
         d = e.detail
-        if d.vllm_version is not None or d.enable_sleep_mode is not None:
-            mode = "" if d.enable_sleep_mode is None else str(d.enable_sleep_mode).lower()
-            b.add(info, (e.engine, d.vllm_version or "", mode), 1.0)
+        if d.registration or d.vllm_version is not None or d.enable_sleep_mode is not None:
+            b.add(info, (e.engine, *info_labels(d)), 1.0)
         if e.known(WEIGHT_VERSION) and e.up:
             b.add(weights, (e.engine, e.weight_version or ""), 1.0)
+
+
+def info_labels(d: EngineDetail) -> Labels:
+    """``INFO_FACTS`` of one engine as label values (``unknown`` where it did not say)."""
+    facts = dict(d.registration)
+    facts.setdefault("vllm_version", d.vllm_version)
+    facts.setdefault("enable_sleep_mode", d.enable_sleep_mode)
+    values = []
+    for key in INFO_FACTS:
+        value = facts.get(key)
+        if value is None:
+            values.append(UNKNOWN_FACT)
+        elif isinstance(value, bool):
+            values.append(str(value).lower())
+        else:
+            values.append(str(value))
+    return tuple(values)
+
+
+def _push_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    """Fault-tolerance status and membership events per engine (``exporter.client.pushes``).
+    Each family appears once it has a series: an exporter that never learned a status (vLLM
+    without ``--enable-fault-tolerance``, relay mode) shows none of them."""
+    status: list[tuple[Labels, float]] = []
+    pushes: list[tuple[Labels, float]] = []
+    events: list[tuple[Labels, float]] = []
+    faulty = 0
+    for e in snap.engines:
+        ft = e.detail.fault_status
+        if ft is not None:
+            faulty += ft.faulty
+            status += [((e.engine, s), 1.0 if s == ft.status else 0.0) for s in FT_STATUSES]
+        pushes += [((e.engine, kind), float(n)) for kind, n in e.detail.pushes]
+        m = e.detail.membership
+        if m is not None:
+            events.append(((e.engine, m.event), m.received_unix))
+    if status:
+        _rows(b, "vllm_dp_engine_fault_tolerance_status", status)
+        _rows(b, "vllm_dp_fault_tolerance_faulty_engines", [((), float(faulty))])
+    if pushes:
+        _rows(b, "vllm_dp_engine_pushes_total", pushes)
+    if events:
+        _rows(b, "vllm_dp_engine_membership_event_timestamp_seconds", events)
+
+
+def _rows(b: _Builder, name: str, rows: list[tuple[Labels, float]]) -> None:
+    fam = b.family(name)
+    for labels, value in rows:
+        b.add(fam, labels, value)
 
 
 def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:

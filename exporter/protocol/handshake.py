@@ -55,6 +55,33 @@ class EngineHandshakeMetadata(msgspec.Struct):
 
 #: Registration strings end up in a label of every scrape: longer ones are cut to this.
 MAX_REGISTRATION_STRING = 64
+#: What the exporter keeps of an engine's registration (vLLM 0.33's ``EngineCoreReadyResponse``
+#: keys, in its order), each with its type. vLLM 0.20 sends only ``max_model_len``,
+#: ``num_gpu_blocks`` and ``dp_stats_address``; a key an engine does not send is absent from
+#: ``RegistrationInfo.facts`` (``null`` in /status, ``unknown`` in a label). Nothing else of the
+#: message is kept: it is up to a frame's size and comes from a peer.
+REGISTRATION_FACTS: tuple[tuple[str, type], ...] = (
+    ("max_model_len", int),
+    ("num_gpu_blocks", int),
+    ("block_size", int),
+    ("dp_stats_address", str),
+    ("dtype", str),
+    ("vllm_version", str),
+    ("world_size", int),
+    ("data_parallel_size", int),
+    ("tensor_parallel_size", int),
+    ("pipeline_parallel_size", int),
+    ("decode_context_parallel_size", int),
+    ("data_parallel_rank", int),
+    ("max_num_seqs", int),
+    ("max_num_batched_tokens", int),
+    ("instance_id", str),
+    ("supports_lora", bool),
+    ("max_loras", int),
+    ("kv_cache_size_tokens", int),
+    ("weight_transfer_backend", str),
+    ("enable_sleep_mode", bool),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +98,8 @@ class RegistrationInfo:
     kv_events: KvEventsSource | None = None
     #: Why ``kv_events_config`` was refused (the rest of the registration still counts).
     kv_events_error: str | None = None
+    #: The ``REGISTRATION_FACTS`` the engine sent with the right type, in that order.
+    facts: tuple[tuple[str, Any], ...] = ()
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -154,11 +183,32 @@ def decode_registration(payload: bytes) -> RegistrationInfo:
         data_parallel_size=_int_or_none(obj.get("data_parallel_size")),
         kv_events=kv_events,
         kv_events_error=kv_error,
+        facts=registration_facts(obj),
     )
+
+
+def registration_facts(obj: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The known keys of a registration map, each of its type (strings cut); others dropped."""
+    facts: list[tuple[str, Any]] = []
+    for key, kind in REGISTRATION_FACTS:
+        value = obj.get(key)
+        if kind is bool:
+            if isinstance(value, bool):
+                facts.append((key, value))
+        elif kind is int:
+            if type(value) is int and -(2**63) <= value < 2**63:
+                facts.append((key, value))
+        elif isinstance(value, str):
+            facts.append((key, value[:MAX_REGISTRATION_STRING]))
+    return tuple(facts)
 
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+#: The three keys vLLM 0.20 registers with (simulators of an older vLLM).
+LEGACY_REGISTRATION_KEYS = ("max_model_len", "num_gpu_blocks", "dp_stats_address")
 
 
 def registration_map(
@@ -168,10 +218,27 @@ def registration_map(
     enable_sleep_mode: bool = True,
     data_parallel_size: int = 1,
     kv_events_config: dict[str, Any] | None = None,
+    keys: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """A 28-key ``EngineCoreReadyResponse`` map in vLLM 0.33's field order (for simulators);
     ``kv_events_config`` as an engine publishing KV events sends it
-    (``exporter.protocol.kv_events.publisher_config``)."""
+    (``exporter.protocol.kv_events.publisher_config``); ``keys`` keeps only those (an older
+    vLLM: ``LEGACY_REGISTRATION_KEYS`` for 0.20)."""
+    full = _full_registration(
+        engine_index, vllm_version, enable_sleep_mode, data_parallel_size, kv_events_config
+    )
+    if keys is None:
+        return full
+    return {k: v for k, v in full.items() if k in keys}
+
+
+def _full_registration(
+    engine_index: int,
+    vllm_version: str,
+    enable_sleep_mode: bool,
+    data_parallel_size: int,
+    kv_events_config: dict[str, Any] | None,
+) -> dict[str, Any]:
     return {
         "max_model_len": 4096,
         "num_gpu_blocks": 1000,

@@ -34,6 +34,8 @@ from exporter.remote.errors import (
 
 #: Largest answer read (a /status of a thousand engines with its history is a few MiB).
 MAX_ANSWER_BYTES = 32 * 2**20
+#: What the exporter answers for something no engine supports (an action, a gate condition).
+UNSUPPORTED_STATUS = 501
 #: Longest stretch of a non-JSON answer quoted in an error.
 MAX_QUOTED = 200
 #: Longest error text kept from an answer (``detail``).

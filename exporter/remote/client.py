@@ -22,7 +22,13 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 
 from exporter.error import ConfigError
-from exporter.remote.answers import MAX_ANSWER_BYTES, Answer, error_for, printable
+from exporter.remote.answers import (
+    MAX_ANSWER_BYTES,
+    UNSUPPORTED_STATUS,
+    Answer,
+    error_for,
+    printable,
+)
 from exporter.remote.credentials import Credentials
 from exporter.remote.errors import (
     BadRequest,
@@ -149,7 +155,8 @@ class Client:
     ) -> GateResult:
         """One ``GET <url>/gate?<conditions>`` (``weight_version="v7"``, ``sleeping=False``,
         ``paused=False``): open (``ok``) or closed (412: what fails; 503: no engine). A
-        question the gate rejects raises (``BadRequest`` for an unknown condition)."""
+        question the gate rejects raises (``BadRequest`` for an unknown condition;
+        ``Unsupported``, 501, for a condition no engine can answer)."""
         url = self._where(self.url, "a URL", "gate")
         answer = await self._http.request(
             "GET",
@@ -160,6 +167,17 @@ class Client:
             params=query(conditions),
             headers=self._headers(self.credentials.read_authorization()),
         )
+        if answer.status == UNSUPPORTED_STATUS:
+            names = answer.body.get("unsupported") if isinstance(answer.body, dict) else None
+            unanswerable = tuple(str(n) for n in names) if isinstance(names, list) else ()
+            raise Unsupported(
+                answer.message,
+                conditions=unanswerable,
+                status=answer.status,
+                body=answer.body,
+                detail=answer.detail,
+                url=url,
+            )
         if answer.status not in (200, 412, 503):
             raise error_for(answer)
         return _parsed(answer, lambda body: GateResult.from_json(answer.status, body))
@@ -202,8 +220,9 @@ class Client:
         timeout_s: float = ACTION_TIMEOUT_S,
     ) -> ActionResult:
         """``POST <admin_url>/admin/<name>``: the result when every engine confirmed;
-        ``PartialFailure`` (``Unsupported`` when only missing methods failed) with the result
-        otherwise; the typed error of any other answer."""
+        ``PartialFailure`` (502) with the result when some engine did not confirm;
+        ``Unsupported`` (501) when no engine supports the action; the typed error of any other
+        answer."""
         if not _ACTION_NAME.fullmatch(name):
             raise BadRequest(f"{name!r} is not an admin action name")
         key = idempotency_key
@@ -221,7 +240,7 @@ class Client:
             json=dict(body) if body is not None else None,
             headers=self._headers(self.credentials.admin_authorization(), key),
         )
-        if answer.status not in (200, 502, 503):
+        if answer.status not in (200, UNSUPPORTED_STATUS, 502, 503):
             raise error_for(answer)
         result = _parsed(
             answer, lambda raw: ActionResult.from_json(name, answer.status, raw, answer.replayed)
@@ -233,8 +252,9 @@ class Client:
             "url": url,
         }
         if answer.status == 502:
-            kind = Unsupported if result.unsupported else PartialFailure
-            raise kind(_failure_line(result), result=result, **common)
+            raise PartialFailure(_failure_line(result), result=result, **common)
+        if answer.status == UNSUPPORTED_STATUS:
+            raise Unsupported(_failure_line(result), result=result, **common)
         if answer.status == 503:
             raise NoEngineConnected(answer.message, result=result, **common)
         return result

@@ -116,9 +116,24 @@ class PartialFailure(RemoteError):
         self.result = result
 
 
-class Unsupported(PartialFailure):
-    """502 where every engine that failed did so because its vLLM lacks the method
-    (``reason`` ``unsupported``): an older vLLM on those ranks, not a fault to retry."""
+class Unsupported(RemoteError):
+    """501: no engine supports what was asked (every engine's vLLM lacks the method, or an
+    engine registered without the feature, e.g. sleep mode): nothing was changed and retrying
+    cannot help. ``result`` is the action's answer (every engine ``reason`` ``unsupported``);
+    for the gate, ``conditions`` names the conditions no engine can answer. A *mix* (some
+    engines support it) is a ``PartialFailure`` naming the unsupported engines."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result: ActionResult | None = None,
+        conditions: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.result = result
+        self.conditions = conditions
 
 
 class HttpError(RemoteError):

@@ -22,7 +22,7 @@ from exporter.remote.errors import InvalidAnswer
 #: Per-engine reasons of an action (exporter.control.verdicts; docs/rl.md).
 REASONS = ("refused", "failed", "timeout", "disconnected", "unsupported", "unverified", "mismatch")
 #: Fleet outcomes of an action (exporter.fleetstate.aggregate.fleet_outcome).
-OUTCOMES = ("success", "partial_failure", "failure")
+OUTCOMES = ("success", "partial_failure", "failure", "unsupported")
 
 
 class Fields:
@@ -150,10 +150,11 @@ class ActionResult:
     """The answer of ``POST /admin/<action>``: the fleet's outcome and every engine's."""
 
     action: str
-    #: The HTTP status: 200 every engine confirmed, 502 some did not, 503 none connected.
+    #: The HTTP status: 200 every engine confirmed, 502 some did not, 501 no engine supports
+    #: the action, 503 none connected.
     status: int
     success: bool
-    #: ``success``, ``partial_failure`` or ``failure``.
+    #: ``success``, ``partial_failure``, ``failure`` or ``unsupported``.
     outcome: str
     engines: tuple[EngineOutcome, ...]
     failed_engines: tuple[str, ...]
@@ -174,9 +175,13 @@ class ActionResult:
 
     @property
     def unsupported(self) -> bool:
-        """Every engine that failed lacks the method (an older vLLM), and some failed."""
-        failures = self.failures
-        return bool(failures) and all(e.reason == "unsupported" for e in failures)
+        """No engine supports the action (HTTP 501, outcome ``unsupported``)."""
+        return self.outcome == "unsupported"
+
+    @property
+    def unsupported_engines(self) -> tuple[EngineOutcome, ...]:
+        """The engines whose vLLM lacks the method (in a partial failure too)."""
+        return tuple(e for e in self.engines if e.reason == "unsupported")
 
     def engine(self, label: str | int) -> EngineOutcome:
         """The outcome of one engine (``KeyError`` when the answer does not name it)."""

@@ -31,6 +31,8 @@ class Verdict:
     missing: tuple[str, ...] = ()
     #: Engines whose vLLM has no such method.
     unsupported: tuple[str, ...] = ()
+    #: ``state``, or ``unsupported`` when no engine can answer it (an older vLLM).
+    outcome: str | None = None
 
     @property
     def consistent(self) -> bool:
@@ -46,6 +48,7 @@ class Verdict:
             error=f.text("error"),
             missing=f.labels("missing"),
             unsupported=f.labels("unsupported"),
+            outcome=f.text("outcome") or f.text("state"),
         )
 
 
@@ -77,6 +80,10 @@ class EngineStatus:
     address: str | None = None
     handshakes: int | None = None
     invariants: Mapping[str, EngineInvariant] = field(default_factory=dict)
+    #: Its last fault-tolerance status (``healthy``, ``unhealthy``, ``dead``; None: never
+    #: reported) and ``fault_info`` (docs/fault-tolerance.md).
+    fault_status: str | None = None
+    fault_info: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -89,6 +96,7 @@ class EngineStatus:
     def from_json(cls, data: Any, where: str) -> EngineStatus:
         f = Fields(data, where)
         invariants = f.mapping("invariants")
+        ft = Fields(f.mapping("fault_tolerance"), f"{where}.fault_tolerance")
         return cls(
             engine=f.label(),
             connected=f.truth("connected"),
@@ -101,6 +109,8 @@ class EngineStatus:
                 name: EngineInvariant.from_json(value, f"{where}.invariants.{name}")
                 for name, value in invariants.items()
             },
+            fault_status=ft.text("status"),
+            fault_info=ft.text("fault_info"),
             raw=f.data,
         )
 
@@ -121,6 +131,10 @@ class Status:
     aggregate: Mapping[str, Verdict]
     engines: tuple[EngineStatus, ...]
     generated_unix: float | None = None
+    #: No engine reports an unhealthy or dead fault-tolerance status (an exporter older than
+    #: this field: True), and the engines that do.
+    healthy: bool = True
+    faulty_engines: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -146,6 +160,7 @@ class Status:
         f = Fields(body, "the status")
         poll = Fields(f.mapping("last_poll"), "the status.last_poll")
         aggregate = f.mapping("aggregate")
+        ft = Fields(f.mapping("fault_tolerance"), "the status.fault_tolerance")
         return cls(
             version=f.text("version"),
             attach=f.text("attach"),
@@ -162,5 +177,7 @@ class Status:
                 EngineStatus.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
             ),
             generated_unix=f.number("generated_unix"),
+            healthy=ft.truth("healthy", True),
+            faulty_engines=ft.labels("faulty_engines"),
             raw=body,
         )

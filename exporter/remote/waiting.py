@@ -5,7 +5,8 @@ what they mean: a gate that is closed (412), no engine connected yet (503), an e
 is restarting (``Unreachable``) or answering garbage for a moment (5xx, an unreadable answer)
 may all change within the timeout, so the check runs again every ``interval_s``; a question
 the gate rejects (400: a bad condition; 404: no gate at that URL; 401: wrong credentials; any
-other 4xx) cannot, so it raises at once instead of burning the timeout.
+other 4xx) cannot, and neither can a condition no engine supports (501, ``Unsupported``), so
+those raise at once instead of burning the timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.remote.answers import printable
+from exporter.remote.answers import UNSUPPORTED_STATUS, printable
 from exporter.remote.errors import RemoteError, WaitTimeout
 from exporter.remote.results import GateResult
 
@@ -75,6 +76,8 @@ def describe(conditions: Mapping[str, Any]) -> str:
 def retried(exc: RemoteError) -> bool:
     """Whether a failed check may succeed later (see the module's docstring)."""
     status = exc.status
+    if status == UNSUPPORTED_STATUS:  # no engine can answer the question: it never will
+        return False
     return status is None or not 400 <= status < 500 or status == 412
 
 

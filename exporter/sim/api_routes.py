@@ -11,12 +11,14 @@ when they disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs,
 ``compute_weight_checksums`` is flattened over the engines, everything else fans out to every
 engine; one failing engine fails the call (the others still ran it).
 
-Routes (F.4): ``GET /version``; dev ``GET /is_sleeping``, ``POST /sleep``, ``/wake_up``,
-``/reset_prefix_cache``, ``/reset_mm_cache``, ``/reset_encoder_cache``; RL ``POST /pause``,
-``/resume``, ``GET /is_paused``, ``POST /update_weight_version``, ``GET /weight_info``, ``POST
-/weight_checker``. Bad query or body values raise ``_BadQuery`` (vLLM's 400 validation
-envelope); engine failures raise ``_EngineError`` (a 500), except on the RL routes that catch
-their exceptions and answer ``{"error": "Failed to ...: <text>"}``.
+Routes (F.4): ``GET /version``; with fault tolerance on, ``GET /fault_tolerance/status`` (vLLM
+0.33's ``get_status()``: the front end's copy of the sentinels' pushes, no engine called); dev ``GET
+/is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``, ``/reset_mm_cache``,
+``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET /is_paused``, ``POST
+/update_weight_version``, ``GET /weight_info``, ``POST /weight_checker``. Bad query or body values
+raise ``_BadQuery`` (vLLM's 400 validation envelope); engine failures raise ``_EngineError`` (a
+500), except on the RL routes that catch their exceptions and answer ``{"error": "Failed to ...:
+<text>"}``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class ApiRoutes:
     options: ApiServerOptions
     engine_options: list[SimOptions]
     engines: list[EngineState]
+    engine_status: dict[int, dict[str, Any]]
+    ft_answer: bytes | None
 
     # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
 
@@ -135,6 +139,12 @@ class ApiRoutes:
 
     async def _version(self, request: web.Request) -> web.Response:
         return _json({"version": self.options.vllm_version})
+
+    async def _ft_status(self, request: web.Request) -> web.Response:
+        if self.ft_answer is not None:  # a test's hostile answer
+            return web.Response(body=self.ft_answer, content_type="application/json")
+        engines = list(self.engine_status.values())
+        return _json({"schema_version": 1, "total_engines": len(self.engines), "engines": engines})
 
     # -- dev routes ---------------------------------------------------------------------------
 

@@ -2,13 +2,14 @@
 ``exporter.sim.api_routes`` (``docs/protocol.md`` F.4) with the connection behaviour of F.4.1,
 backed by N in-process simulated engines that run the demo story.
 
-Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes
-(``GET /version`` still answers), ``missing_routes`` leaves some out (404, as a vLLM without
-them), a wrong method gives 405 with an ``allow`` header, bad query or body values give vLLM's
-400 validation envelope, and after every 500 from an exception the TCP connection is closed
-without a ``connection: close`` header (the RL routes that catch their exceptions answer
-``{"error": "Failed to ...: <text>"}`` and keep the connection). Authorization headers are
-recorded, never checked (vLLM's ``--api-key`` does not cover the dev routes).
+Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes (``GET
+/version`` still answers), ``fault_tolerance`` adds vLLM 0.33's ``GET /fault_tolerance/status`` (404
+without it, as vLLM), ``missing_routes`` leaves some out (404, as a vLLM without them), a wrong
+method gives 405 with an ``allow`` header, bad query or body values give vLLM's 400 validation
+envelope, and after every 500 from an exception the TCP connection is closed without a ``connection:
+close`` header (the RL routes that catch their exceptions answer ``{"error": "Failed to ...:
+<text>"}`` and keep the connection). Authorization headers are recorded, never checked (vLLM's
+``--api-key`` does not cover the dev routes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter.protocol.pushes import encode_ft_status_value
 from exporter.sim.api_routes import ApiRoutes, Handler
 from exporter.sim.api_wire import (
     _PHRASES,
@@ -29,7 +31,8 @@ from exporter.sim.api_wire import (
     _json,
     _validation_error,
 )
-from exporter.sim.engine import SimOptions, run_story
+from exporter.sim.engine import SimOptions
+from exporter.sim.story import run_story
 
 
 @dataclass
@@ -58,6 +61,9 @@ class ApiServerOptions:
     #: Fault: every engine's workers report DP rank 0 (the duplicate-key failure of
     #: ``/weight_checker``). Otherwise engine i reports DP rank ``story_offset + i``.
     duplicate_checksum_keys: bool = False
+    #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
+    #: (every rank healthy until ``SimApiServer.set_fault_status``).
+    fault_tolerance: bool = False
 
 
 class SimApiServer(ApiRoutes):
@@ -65,6 +71,8 @@ class SimApiServer(ApiRoutes):
 
     ``options`` is a copy of the caller's (never changed); ``engines[i]`` is engine i's state
     machine and ``engine_options[i]`` its faults (``hang``, ``reply_delay_s``, read live).
+    ``engine_status`` is the front end's copy of the sentinels' pushes (DP rank → payload, as
+    vLLM's ``AsyncMPClient._engine_status``); ``ft_answer``, when set, is served instead.
     """
 
     def __init__(self, options: ApiServerOptions | None = None) -> None:
@@ -86,6 +94,11 @@ class SimApiServer(ApiRoutes):
             opts.initial_state(0 if o.duplicate_checksum_keys else o.story_offset + i)
             for i, opts in enumerate(self.engine_options)
         ]
+        ranks = [self.rank_of(i) for i in range(o.engines)] if o.fault_tolerance else []
+        self.engine_status: dict[int, dict[str, Any]] = {
+            rank: encode_ft_status_value(rank, "healthy") for rank in ranks
+        }
+        self.ft_answer: bytes | None = None
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         self._connections: dict[Any, int] = {}
@@ -93,11 +106,28 @@ class SimApiServer(ApiRoutes):
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
 
+    def rank_of(self, position: int) -> int:
+        """The DP rank of this server's engine ``position``."""
+        return self.options.story_offset + position
+
+    def set_fault_status(self, position: int, status: str, fault_info: str | None = None) -> None:
+        """Engine ``position``'s sentinel pushed ``status`` (the payload vLLM stores as is)."""
+        rank = self.rank_of(position)
+        self.engine_status[rank] = encode_ft_status_value(rank, status, fault_info)
+
+    def recovery_failed(self, request_id: str, reason: str) -> None:
+        """``handle_fault`` failed: vLLM notes it in the first managed rank's entry."""
+        first = self.engine_status.get(self.rank_of(0))
+        if first is not None:
+            first.update(last_ft_request_id=request_id, ft_error=reason)
+
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/version", self._version, allow_head=False)
+        if self.options.fault_tolerance:  # vLLM registers it whatever the dev mode
+            app.router.add_get("/fault_tolerance/status", self._ft_status, allow_head=False)
         if self.options.dev_mode:
             for verb, path, handler in self._dev_routes():
                 if path in self.options.missing_routes:

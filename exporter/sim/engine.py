@@ -41,7 +41,7 @@ from exporter.protocol import (
 )
 from exporter.protocol.kv_events import publisher_config
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
-from exporter.sim.story import StoryState, story_state
+from exporter.sim.story import run_story
 
 log = logging.getLogger("exporter.sim")
 
@@ -112,6 +112,8 @@ class SimOptions:
     kv_events: dict[str, Any] | None = None
     #: Registration keys sent as given instead (an older or a hostile engine's values).
     registration_extra: dict[str, Any] | None = None
+    #: Only these registration keys are sent (``LEGACY_REGISTRATION_KEYS``: vLLM 0.20's three).
+    registration_keys: tuple[str, ...] | None = None
 
     def initial_state(self, dp_rank: int = 0) -> EngineState:
         """A fresh state machine as these options describe it, at DP rank ``dp_rank``."""
@@ -176,6 +178,17 @@ class SimEngine:
             asyncio.get_running_loop().call_later(self.options.shutdown_window_s, self._stop.set)
         else:
             self._stop.set()
+
+    async def push(self, call_id: int, value: Any) -> None:
+        """Send ``value`` unasked to client 0 with a reserved call id, as vLLM 0.33's
+        fault-tolerance sentinel (``FT_STATUS_CALL_ID``, ``encode_ft_status_value``) and
+        elastic-EP notifications (``EEP_NOTIFICATION_CALL_ID``, ``[event, dp_rank]``) do."""
+        if self.output_alive and self._outputs:
+            await self._outputs[0].send(
+                encode_utility_reply(
+                    self.engine_index, call_id, value=value, timestamp=self.clock()
+                )
+            )
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -251,6 +264,7 @@ class SimEngine:
                 enable_sleep_mode=opts.enable_sleep_mode,
                 data_parallel_size=COORDINATED_DP_SIZE if coordinated else 1,
                 kv_events_config=publisher_config(opts.kv_events, self.engine_index),
+                keys=opts.registration_keys,
             )
             registration = encode_registration({**fields, **(opts.registration_extra or {})})
             for sock in self._inputs:
@@ -368,17 +382,6 @@ class SimEngine:
             await sock.send(ENGINE_CORE_DEAD)
         self._exit_reason = "dead"
         self._stop.set()
-
-
-async def run_story(
-    apply: Callable[[StoryState], None], offset: int, count: int, period_s: float
-) -> None:
-    """Until cancelled, ``apply`` the demo story's state of the engine at ``offset`` (of
-    ``count``) a few times a second. Wall-clock time: engines in different processes share the
-    story's phase."""
-    while True:
-        apply(story_state(offset, count, time.time(), period_s))
-        await asyncio.sleep(min(0.2, period_s / 50))
 
 
 def _connect(sock: zmq.asyncio.Socket, address: str) -> None:

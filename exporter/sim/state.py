@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.protocol.utility import PAUSE_MODES
-from exporter.sim.story import StoryState
+
+if TYPE_CHECKING:  # the story module also holds its asyncio loop: the state machine stays pure
+    from exporter.sim.story import StoryState
 
 ALL_TAGS = frozenset({"weights", "kv_cache"})
 #: The simulated model's parameters (every worker holds its shard of each).

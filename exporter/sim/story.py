@@ -7,6 +7,9 @@ and the second engine refuses prefix-cache resets during the second half of ever
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -25,3 +28,14 @@ def story_state(offset: int, count: int, t: float, period_s: float) -> StoryStat
     paused = 0.10 <= phase < 0.20
     refuse = offset == 1 and phase >= 0.5
     return StoryState(paused=paused, sleeping=sleeping, refuse_reset=refuse)
+
+
+async def run_story(
+    apply: Callable[[StoryState], None], offset: int, count: int, period_s: float
+) -> None:
+    """Until cancelled, ``apply`` the demo story's state of the engine at ``offset`` (of
+    ``count``) a few times a second. Wall-clock time: engines in different processes share the
+    story's phase."""
+    while True:
+        apply(story_state(offset, count, time.time(), period_s))
+        await asyncio.sleep(min(0.2, period_s / 50))

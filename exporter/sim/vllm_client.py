@@ -2,7 +2,9 @@
 
 ``SimEngineCore`` has what ``exporter.client.vllm_core`` reads of vLLM's engine-core client
 (``core_engines``, ``utility_results``, ``resources.engine_dead``, ``client_index``,
-``_call_utility_async``, ``get_kv_event_sources``) with vLLM's semantics: no timeout, one
+``_call_utility_async``, ``get_kv_event_sources``, vLLM 0.33's ``_engine_status``: every rank
+healthy when built with fault tolerance, ``{}`` otherwise; ``set_engine_status`` is a sentinel's
+push) with vLLM's semantics: no timeout, one
 future per call kept in ``utility_results`` until the engine answers (and popped without a
 default when it does, as vLLM's reply handler does), a failure message raised as a plain
 ``Exception``, and after an engine's death ``engine_dead`` set and ``EngineDeadError`` for every
@@ -25,6 +27,7 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.engine_core import EngineCoreClient
 from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineOutcome, Outcome
 from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.protocol.pushes import encode_ft_status_value
 
 #: vLLM's utility calls have no timeout; the simulation's wire waits this long at most.
 NO_TIMEOUT_S = 3600.0
@@ -45,7 +48,14 @@ class Resources:
 class SimEngineCore:
     """vLLM's engine-core client, as far as in-process mode reads it (module docstring)."""
 
-    def __init__(self, wire: EngineCoreClient, ranks: list[int], client_index: int = 0) -> None:
+    def __init__(
+        self,
+        wire: EngineCoreClient,
+        ranks: list[int],
+        client_index: int = 0,
+        *,
+        fault_tolerance: bool = False,
+    ) -> None:
         self._wire = wire
         self.core_engines: list[bytes] = [rank.to_bytes(2, "little") for rank in ranks]
         self.utility_results: dict[int, asyncio.Future[Any]] = {}
@@ -53,6 +63,19 @@ class SimEngineCore:
         self.client_index = client_index
         self._ids = itertools.count(1)
         self._calls: set[asyncio.Task[list[EngineOutcome]]] = set()
+        #: vLLM 0.33's locally-cached engine status (``AsyncMPClient.__init__``).
+        self._engine_status: dict[int, dict[str, Any]] = {}
+        if fault_tolerance:
+            self.enable_fault_tolerance()
+
+    def enable_fault_tolerance(self) -> None:
+        """Every managed rank healthy, as vLLM's client starts with fault tolerance on."""
+        ranks = [int.from_bytes(i, "little") for i in self.core_engines]
+        self._engine_status = {rank: encode_ft_status_value(rank, "healthy") for rank in ranks}
+
+    def set_engine_status(self, rank: int, status: str, fault_info: str | None = None) -> None:
+        """Rank ``rank``'s sentinel pushed ``status``: vLLM stores the payload as it came."""
+        self._engine_status[rank] = encode_ft_status_value(rank, status, fault_info)
 
     async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
         if self.resources.engine_dead:
@@ -160,6 +183,7 @@ async def start_sim_vllm(
     api_server_index: int = 0,
     api_server_count: int = 1,
     context: zmq.asyncio.Context | None = None,
+    enable_fault_tolerance: bool = False,
 ) -> SimAsyncLLM:
     """A simulated ``AsyncLLM`` whose engines (``SimEngine``s dialing ``handshake_address``,
     started by the caller) handshake with it as with vLLM's front end."""
@@ -172,11 +196,18 @@ async def start_sim_vllm(
         allowed_methods=methods,
     )
     await wire.start()
-    core = SimEngineCore(wire, list(range(engine_count)), client_index=api_server_index)
+    core = SimEngineCore(
+        wire,
+        list(range(engine_count)),
+        client_index=api_server_index,
+        fault_tolerance=enable_fault_tolerance,
+    )
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(enable_sleep_mode=enable_sleep_mode),
         parallel_config=SimpleNamespace(
-            _api_process_rank=api_server_index, _api_process_count=api_server_count
+            _api_process_rank=api_server_index,
+            _api_process_count=api_server_count,
+            enable_fault_tolerance=enable_fault_tolerance,
         ),
     )
     return SimAsyncLLM(core, vllm_config)

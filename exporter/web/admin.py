@@ -56,7 +56,7 @@ BEARER_REALM = 'Bearer realm="vllm-dp-exporter"'
 #: A request body (chunked or not) must arrive within this many seconds (408 otherwise).
 BODY_TIMEOUT_S = 5.0
 #: Answers of completed actions: stored and replayed for Idempotency-Key retries.
-STORED_STATUSES = frozenset({200, 502})
+STORED_STATUSES = frozenset({200, 501, 502})
 RELAY_REFUSAL = (
     "{action} changes engine state, and in relay mode the stock front end would not learn of "
     "it (its own vllm:engine_sleep_state would go stale); run it through the front end, or "
@@ -344,7 +344,7 @@ class AdminController:
 
     async def _keyed(self, request: ActionRequest, key: str | None) -> tuple[int, dict[str, Any]]:
         """The action; its Idempotency-Key's answer is stored only when the action completed
-        (200 or 502; not 503 "no engine connected")."""
+        (200, 501 or 502; not 503 "no engine connected")."""
         result = await self.runner.run(request)
         if key is not None and result.status in STORED_STATUSES:
             self.idempotency.finish(key, Replay(result.status, result.body))

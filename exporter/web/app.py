@@ -92,7 +92,9 @@ async def readyz(request: web.Request) -> web.Response:
 def status_document(exporter: Exporter) -> dict[str, Any]:
     """The ``/status`` document (and the page's data) of ``exporter`` now."""
     poller = exporter.poller
-    return status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
+    return status_json(
+        poller.snapshot, exporter.config, exporter.stats, poller.history, faults=exporter.faults
+    )
 
 
 async def status(request: web.Request) -> web.Response:

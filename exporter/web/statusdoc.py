@@ -13,21 +13,32 @@ from collections import Counter
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fleet import EngineDetail, Outcome
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, Invariant
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
+from exporter.metrics.catalog import RESET_OUTCOMES
 from exporter.metrics.stats import LastAction, Stats
 
 SCHEMA_VERSION = 1
-OUTCOMES = ("success", "partial_failure", "failure")
+OUTCOMES = RESET_OUTCOMES
 
 
 def verdict_json(
-    verdict: ConsensusVerdict, supported: bool = True, unsupported: list[str] | None = None
+    verdict: ConsensusVerdict,
+    supported: bool = True,
+    unsupported: list[str] | None = None,
+    engines: int | None = None,
 ) -> dict[str, Any]:
+    """One invariant's verdict; ``outcome`` is its state, or ``unsupported`` when no engine
+    can answer it (every one of the ``engines`` lacks the method, or the attach mode does not
+    ask it): an older vLLM, not a fault."""
+    nowhere = not supported or (
+        bool(unsupported) and engines is not None and len(unsupported or []) >= engines
+    )
     consistent = {FleetState.CONSISTENT: True, FleetState.INCONSISTENT: False}.get(verdict.state)
     error = verdict.error
     by_engine = None
@@ -35,6 +46,7 @@ def verdict_json(
         by_engine = dict(zip(error.engines, error.values, strict=False))
     return {
         "state": verdict.state.value,
+        "outcome": "unsupported" if nowhere else verdict.state.value,
         "value": verdict.value if verdict.state is FleetState.CONSISTENT else None,
         "consistent": consistent,
         "supported": supported,
@@ -108,7 +120,63 @@ def engine_json(
         "invariants": {inv.method: invariant_json(e, inv) for inv in INVARIANTS},
         "prefix_cache": prefix_cache_json(stats, e.engine),
         "kv_events": kv_events_json(e.detail),
+        "registration": registration_json(e.detail),
+        "fault_tolerance": fault_tolerance_json(e.detail),
+        "membership_event": membership_json(e.detail),
+        "pushes": dict(e.detail.pushes),
     }
+
+
+def registration_json(detail: EngineDetail) -> dict[str, Any]:
+    """Every registration key the exporter keeps: null where the engine did not send it (an
+    older vLLM) or the attach mode cannot know it (HTTP, in-process)."""
+    facts = dict(detail.registration)
+    return {key: facts.get(key) for key in REGISTRATION_KEYS}
+
+
+def fault_tolerance_json(detail: EngineDetail) -> dict[str, Any] | None:
+    ft = detail.fault_status
+    if ft is None:
+        return None
+    return {"status": ft.status, "fault_info": ft.fault_info, "since_unix": ft.since_unix}
+
+
+def membership_json(detail: EngineDetail) -> dict[str, Any] | None:
+    m = detail.membership
+    if m is None:
+        return None
+    return {"event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
+
+
+def fleet_fault_tolerance_json(snap: FleetSnapshot) -> dict[str, Any]:
+    """The fleet verdict: every rank that reported a fault-tolerance status is healthy
+    (engines that never reported count as healthy: vLLM's sentinel pushes only changes)."""
+    reported = [e for e in snap.engines if e.detail.fault_status is not None]
+    faulty = [e.engine for e in reported if e.detail.fault_status and e.detail.fault_status.faulty]
+    return {
+        "healthy": not faulty,
+        "faulty_engines": faulty,
+        "reported_engines": [e.engine for e in reported],
+    }
+
+
+def unexpected_json(faults: ProtocolErrorTally | None) -> list[dict[str, Any]]:
+    """Engines outside the expected set that tried to handshake (newest last)."""
+    if faults is None:
+        return []
+    return [
+        {"identity": key, "dp_rank": rank, "handshakes": n, "last_seen_unix": unix}
+        for key, (rank, n, unix) in faults.unexpected_engines.items()
+    ]
+
+
+def last_membership_json(snap: FleetSnapshot) -> dict[str, Any] | None:
+    """The latest elastic-EP notification of any engine."""
+    events = [e.detail.membership for e in snap.engines if e.detail.membership is not None]
+    if not events:
+        return None
+    m = max(events, key=lambda event: event.received_unix)
+    return {"engine": m.engine, "event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
 
 
 def last_action_json(last: LastAction | None) -> dict[str, Any] | None:
@@ -181,6 +249,7 @@ def status_json(
     stats: Stats | None = None,
     history: FleetHistory | None = None,
     now: float | None = None,
+    faults: ProtocolErrorTally | None = None,
 ) -> dict[str, Any]:
     """The whole document; without ``stats`` the counters are empty and last_action null."""
     now = time.time() if now is None else now
@@ -190,7 +259,7 @@ def status_json(
             unsupported.setdefault(method, []).append(e.engine)
     aggregate = {
         inv.method: verdict_json(
-            snap.verdict(inv), inv.method in snap.verdicts, unsupported[inv.method]
+            snap.verdict(inv), inv.method in snap.verdicts, unsupported[inv.method], snap.expected
         )
         for inv in INVARIANTS
     }
@@ -209,6 +278,9 @@ def status_json(
             "duration_s": snap.poll_duration_s if snap.poll_number else None,
         },
         "aggregate": aggregate,
+        "fault_tolerance": fleet_fault_tolerance_json(snap),
+        "last_membership_event": last_membership_json(snap),
+        "unexpected_engines": unexpected_json(faults),
         "engines": [engine_json(e, now, stats) for e in snap.engines],
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),

@@ -100,6 +100,8 @@ def verdict_detail(method: str, v: dict[str, Any]) -> str:
         return text
     if not v.get("supported", True):
         return "not asked in this attach mode"
+    if v.get("outcome") == "unsupported":
+        return "unsupported: no engine's vLLM has this method"
     if state == "inconsistent" and v.get("by_engine"):
         return " · ".join(f"engine {e}: {show(x)}" for e, x in v["by_engine"].items())
     if v.get("missing"):
@@ -128,6 +130,15 @@ def invariant_cell(i: dict[str, Any]) -> tuple[str, bool]:
     return outcome, outcome != "unsupported"
 
 
+def fault_tolerance_cell(ft: dict[str, Any] | None) -> tuple[str, bool]:
+    """(text, bad) of one engine's fault-tolerance status: ``-`` while never reported."""
+    if not ft:
+        return "-", False
+    status = str(ft.get("status"))
+    info = ft.get("fault_info")
+    return (f"{status} ({info})" if info else status), status != "healthy"
+
+
 def _engine_row(e: dict[str, Any]) -> str:
     up = bool(e["up"])
     cells = [
@@ -143,6 +154,8 @@ def _engine_row(e: dict[str, Any]) -> str:
         cells.append(f"<td{' class=bad' if bad else ''}>{escape(text)}</td>")
         error = error or i.get("error") or ""
     cells.append(f"<td>{escape(str(e['vllm_version'] or '-'))}</td>")
+    text, bad = fault_tolerance_cell(e.get("fault_tolerance"))
+    cells.append(f'<td class="ft{" bad" if bad else ""}">{escape(text)}</td>')
     cells.append(f'<td class="err">{escape(error)}</td>')
     attrs = f'data-engine="{escape(str(e["engine"]))}" data-up="{"true" if up else "false"}"'
     return f"<tr {attrs}{'' if up else ' class=down'}>" + "".join(cells) + "</tr>"

@@ -9,7 +9,8 @@ independent under ``pytest -n 2``. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from exporter.client.engine_core import EngineCoreClient
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
 from exporter.sim.engine import SimEngine, SimOptions, SimReply
+from exporter.sim.frontend import SimFrontend
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.app import ADMIN_URL_KEY, create_app
 from exporter.web.httpguard import guarded_runner
@@ -319,3 +321,30 @@ class Services:
     async def close(self) -> None:
         for service in reversed(self.made):
             await asyncio.wait_for(service.stop(), 15)
+
+
+@contextlib.asynccontextmanager
+async def relay_service(
+    options: SimOptions | None = None, engine_count: int = 2, **overrides: Any
+) -> AsyncIterator[tuple[Service, SimFrontend]]:
+    """A relay-mode ``Service`` beside a simulated stock front end, its engines up."""
+    upstream = f"tcp://127.0.0.1:{free_listen_port()}"
+    frontend = SimFrontend(upstream, engine_count)
+    await frontend.start(call_loop=False)
+    services = Services(start=False)
+    try:
+        config = serve_config(
+            attach="relay",
+            engine_count=engine_count,
+            handshake_address=f"tcp://127.0.0.1:{free_listen_port()}",
+            upstream_handshake_address=upstream,
+            **overrides,
+        )
+        svc = await services.serve(config, first_poll=False)
+        await svc.start_engines(options)
+        await frontend.wait_connected(5.0)
+        await svc.ready()
+        yield svc, frontend
+    finally:
+        await services.close()
+        await frontend.close()

@@ -123,7 +123,9 @@ def test_each_status_is_one_error_class(status: int, kind: type[RemoteError]) ->
 def test_the_error_family() -> None:
     assert issubclass(RemoteError, ExporterError)
     assert issubclass(Forbidden, AuthError) and issubclass(IdempotencyKeyReused, BadRequest)
-    assert issubclass(Unsupported, PartialFailure) and issubclass(WaitTimeout, TimeoutError)
+    # 501 is not a partial failure: nothing was changed, and no retry can help.
+    assert not issubclass(Unsupported, PartialFailure) and issubclass(Unsupported, RemoteError)
+    assert issubclass(WaitTimeout, TimeoutError)
     for kind in (Unreachable, InvalidAnswer, Conflict, HttpError):
         assert issubclass(kind, RemoteError)
 
@@ -137,7 +139,7 @@ def test_which_failed_gate_checks_are_retried() -> None:
     assert retried(Unreachable("refused"))
     assert retried(HttpError("x", status=500)) and retried(InvalidAnswer("x", status=200))
     assert retried(InvalidAnswer("x", status=412))
-    for status in (400, 401, 404, 429):
+    for status in (400, 401, 404, 429, 501):
         assert not retried(error_for(Answer("u", status, {"error": "no"})))
     assert last_error_of(HttpError("HTTP 500: boom", status=500, body={})) == "HTTP 500"
     assert last_error_of(Unreachable("ClientConnectorError: x")) == "ClientConnectorError: x"

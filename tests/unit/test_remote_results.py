@@ -69,18 +69,29 @@ def test_the_reset_answer_shape_and_the_no_engine_answer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reasons", "unsupported"),
+    ("reasons", "outcome", "status"),
     [
-        (("unsupported", None, "unsupported"), True),
-        (("unsupported", "refused"), False),
-        ((None, None), False),
+        (("unsupported", "unsupported", "unsupported"), "unsupported", 501),
+        (("unsupported", None, "unsupported"), "partial_failure", 502),
+        (("unsupported", "refused"), "failure", 502),
+        ((None, None), "success", 200),
     ],
 )
-def test_unsupported_only_when_every_failure_lacks_the_method(
-    reasons: tuple[str | None, ...], unsupported: bool
+def test_unsupported_only_when_no_engine_has_the_method(
+    reasons: tuple[str | None, ...], outcome: str, status: int
 ) -> None:
-    body = action_body(*(EngineResult(str(i), r) for i, r in enumerate(reasons)))
-    assert ActionResult.from_json("sleep", 502, body).unsupported is unsupported
+    verdict = ActionVerdict(
+        "sleep", tuple(EngineResult(str(i), r) for i, r in enumerate(reasons)), verified=True
+    )
+    assert verdict.outcome == outcome and verdict.status == status
+    body = action_body(*verdict.engines)
+    result = ActionResult.from_json("sleep", status, body)
+    assert result.outcome == outcome
+    assert result.unsupported is (outcome == "unsupported")
+    # A mix names the engines that lack the method: a partial failure, not "unsupported".
+    assert [e.engine for e in result.unsupported_engines] == [
+        str(i) for i, r in enumerate(reasons) if r == "unsupported"
+    ]
 
 
 def test_the_reasons_are_the_documented_ones() -> None:
@@ -146,6 +157,27 @@ def test_status_typed_with_newer_keys_kept_in_raw() -> None:
     assert status.engine(0).raw["a_key_from_a_newer_exporter"] == {"reset_unix": 5.0}
     assert status.engine(1).invariants == {}
     assert Status.from_json({}).sleeping.state == "unknown"  # every key missing: defaults
+    assert Status.from_json({}).healthy  # an exporter without fault tolerance in /status
+
+
+def test_status_fault_tolerance_per_engine_and_fleet() -> None:
+    body = {
+        **STATUS,
+        "fault_tolerance": {"healthy": False, "faulty_engines": ["1"], "reported_engines": ["1"]},
+        "engines": [
+            {**STATUS["engines"][0], "fault_tolerance": None},
+            {
+                **STATUS["engines"][1],
+                "fault_tolerance": {"status": "unhealthy", "fault_info": "E", "since_unix": 1.0},
+            },
+        ],
+    }
+    status = Status.from_json(body)
+    assert not status.healthy and status.faulty_engines == ("1",)
+    assert status.engine(0).fault_status is None
+    assert (status.engine(1).fault_status, status.engine(1).fault_info) == ("unhealthy", "E")
+    with pytest.raises(InvalidAnswer):
+        Status.from_json({**STATUS, "fault_tolerance": {"healthy": "no"}})
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,14 @@ from exporter.client.fake import FakeFleet
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.config.settings import resolve_config
 from exporter.control.actions import ACTIONS, run_action, run_verify_weights
-from exporter.control.gate import GateRequestError, Sample, evaluate, parse_conditions
+from exporter.control.gate import GateRequestError, evaluate, parse_conditions
 from exporter.control.parsing import ActionRequest, BadRequest, Check, parse_weight_version
 from exporter.control.runtime import Exporter
 from exporter.control.verdicts import classify
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.checksums import compare, comparison_key, flatten
 from exporter.fleetstate.invariants import SLEEPING, WEIGHT_VERSION
+from tests.harness.gatesample import gate_sample
 
 NO_ATTR = "Call to {m} method failed: 'EngineCoreProc' object has no attribute '{m}'"
 
@@ -126,21 +127,8 @@ def test_gate_bad_conditions(query: dict[str, list[str]]) -> None:
         parse_conditions(query)
 
 
-def sample(values: dict[str, dict[str, Any]]) -> Sample:
-    outcomes: dict[str, dict[str, EngineOutcome]] = {}
-    for engine, per_method in values.items():
-        for method, value in per_method.items():
-            o = (
-                value
-                if isinstance(value, EngineOutcome)
-                else EngineOutcome(engine, Outcome.OK, value)
-            )
-            outcomes.setdefault(method, {})[engine] = o
-    return Sample(outcomes, tuple(values), 0.0, 0.0)
-
-
 def test_gate_verdict_names_failing_engines_and_conditions() -> None:
-    s = sample(
+    s = gate_sample(
         {
             "0": {"is_sleeping": False, "get_weight_version": "v2"},
             "1": {"is_sleeping": False, "get_weight_version": "v1"},
@@ -155,7 +143,7 @@ def test_gate_verdict_names_failing_engines_and_conditions() -> None:
     assert any("sleeping: timeout" in f for f in failures["2"])
     status, body = evaluate(
         {"weight_version": "v2"},
-        sample({"0": {"is_sleeping": True, "get_weight_version": "v2"}}),
+        gate_sample({"0": {"is_sleeping": True, "get_weight_version": "v2"}}),
         0.0,
     )
     assert status == 200 and body["ok"] is True

@@ -69,6 +69,7 @@ class OwnerTransport(EngineDataPlane):
         identity, payload = frames
         link = self._by_identity.get(identity)
         if link is None:
+            self._faults.unexpected_engine(identity)
             raise ProtocolError("unknown_identity", f"handshake from identity {identity.hex()}")
         message = decode_handshake_message(payload)
         if message.status == HELLO:

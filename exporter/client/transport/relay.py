@@ -189,6 +189,7 @@ class RelayTransport(EngineDataPlane):
         identity, payload = frames
         link = self._link(identity)
         if link is None:
+            self._faults.unexpected_engine(identity)
             raise ProtocolError("unknown_identity", f"handshake from identity {identity.hex()}")
         message = decode_handshake_message(payload)
         if message.status == HELLO:

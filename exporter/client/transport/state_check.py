@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from exporter.protocol.handshake import MAX_REGISTRATION_STRING
+from exporter.protocol.handshake import (
+    MAX_REGISTRATION_STRING,
+    REGISTRATION_FACTS,
+    registration_facts,
+)
 from exporter.protocol.utility import MAX_CLIENT_INDEX
 
 STATE_VERSION = 1
@@ -27,7 +31,14 @@ STATE_VERSION = 1
 MAX_ADDRESS = 512
 #: Bytes a file may have: a header plus, per engine, an entry with every string at its longest
 #: (a version of escaped non-ASCII characters, an address); the writer never comes close.
-HEADER_BYTES, ENTRY_BYTES = 8 * 1024, 2 * 1024
+HEADER_BYTES = 8 * 1024
+#: One engine entry as ``write_state`` writes it at its largest: the addresses and slot, plus
+#: every registration fact (a string fact of ``MAX_REGISTRATION_STRING`` characters outside
+#: the basic plane is 12 bytes a character in JSON's ``\\ud83d\\ude00`` escapes).
+ENTRY_BYTES = 2 * 1024 + sum(
+    len(key) + 8 + (12 * MAX_REGISTRATION_STRING if kind is str else 24)
+    for key, kind in REGISTRATION_FACTS
+)
 TOP_KEYS = frozenset(
     {
         "version",
@@ -47,8 +58,12 @@ ENTRY_KEYS = frozenset(
         "output_address",
         "vllm_version",
         "enable_sleep_mode",
+        "registration",
     }
 )
+
+
+FACT_KEYS = frozenset(key for key, _ in REGISTRATION_FACTS)
 
 
 class InvalidState(Exception):
@@ -63,6 +78,8 @@ class SlotRecord:
     output_address: str
     vllm_version: str | None = None
     enable_sleep_mode: bool | None = None
+    #: The registration facts it kept (``exporter.protocol.handshake.REGISTRATION_FACTS``).
+    facts: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +220,14 @@ def _entry(entry: Any, expect: StateExpectation) -> SlotRecord:
     sleep_mode = entry.get("enable_sleep_mode")
     if sleep_mode is not None and not isinstance(sleep_mode, bool):
         raise InvalidState(f"engine {index}'s enable_sleep_mode {_short(sleep_mode)} is no bool")
-    return SlotRecord(index, identity, slot, output, version, sleep_mode)
+    registration = entry.get("registration", {})
+    if not isinstance(registration, dict) or len(registration) > len(REGISTRATION_FACTS):
+        raise InvalidState(f"engine {index}'s registration {_short(registration)} is not a map")
+    _known_keys(registration, FACT_KEYS, f"engine {index}'s registration")
+    facts = registration_facts(registration)
+    if len(facts) != len(registration):
+        raise InvalidState(f"engine {index}'s registration {_short(registration)} has bad values")
+    return SlotRecord(index, identity, slot, output, version, sleep_mode, facts)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -60,6 +60,7 @@ def write_state(
                 "output_address": s.output_address,
                 "vllm_version": s.vllm_version,
                 "enable_sleep_mode": s.enable_sleep_mode,
+                "registration": dict(s.facts),
             }
             for s in slots
         ],
@@ -107,6 +108,7 @@ def records_of(links: Iterable[EngineLink]) -> list[SlotRecord]:
                 link.output_address,
                 reg.vllm_version if reg else None,
                 reg.enable_sleep_mode if reg else None,
+                reg.facts if reg else (),
             )
         )
     return records
@@ -121,7 +123,9 @@ def restore_links(records: Iterable[SlotRecord], links: Mapping[int, EngineLink]
         link.slot = record.client_index
         link.phase = Phase.RESTORED
         link.registration = RegistrationInfo(
-            vllm_version=record.vllm_version, enable_sleep_mode=record.enable_sleep_mode
+            vllm_version=record.vllm_version,
+            enable_sleep_mode=record.enable_sleep_mode,
+            facts=record.facts,
         )
         restored.append(link.engine_index)
     return restored

@@ -3,7 +3,8 @@ of ``exporter.remote.Client``.
 
 Each prints one row per engine (``ENGINE OK REASON STATE ERROR``; STATE is what the exporter
 read back after the call) and exits 0 when every engine confirmed, 2 on a partial failure
-(HTTP 502: nothing is rolled back, the table says which engines are in which state), 1 on any
+(HTTP 502: nothing is rolled back, the table says which engines are in which state), 4 when no
+engine supports the action (HTTP 501: that vLLM cannot do it; nothing was changed), 1 on any
 other error.
 """
 

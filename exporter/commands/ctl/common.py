@@ -19,6 +19,7 @@ from exporter.remote import (
     Credentials,
     PartialFailure,
     RemoteError,
+    Unsupported,
 )
 from exporter.remote import printable as clean
 
@@ -28,6 +29,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_PARTIAL",
+    "EXIT_UNSUPPORTED",
     "add_admin_options",
     "add_connection_options",
     "clean",
@@ -38,6 +40,9 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 2
+#: No engine supports what was asked (HTTP 501): that vLLM cannot do it; nothing was changed.
+#: 3 is left out: ``probe`` exits 3 for an inconsistent fleet.
+EXIT_UNSUPPORTED = 4
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -108,7 +113,8 @@ async def post_admin(
     call: Callable[[Client], Awaitable[ActionResult]],
 ) -> int:
     """Run one action (``call``) and print its answer; the exit code: 0 when every engine
-    confirmed, 2 on a partial failure (nothing is rolled back), 1 on anything else."""
+    confirmed, 2 on a partial failure (nothing is rolled back), 4 when no engine supports the
+    action, 1 on anything else."""
     try:
         client = connect(args, url=None, admin_url=args.admin_url)
     except ConfigError as exc:
@@ -117,9 +123,14 @@ async def post_admin(
     async with client:
         try:
             result = await call(client)
-        except PartialFailure as exc:  # Unsupported too
+        except PartialFailure as exc:
             _print_answer(args, exc.result.raw, formatter)
             return EXIT_PARTIAL
+        except Unsupported as exc:
+            if exc.result is not None:
+                _print_answer(args, exc.result.raw, formatter)
+            print(f"ctl: {exc}", file=sys.stderr)
+            return EXIT_UNSUPPORTED
         except RemoteError as exc:
             if exc.body is not None:
                 _print_answer(args, exc.body, formatter)

@@ -20,13 +20,14 @@ from exporter.commands.ctl.common import (
     DEFAULT_URL,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_UNSUPPORTED,
     add_connection_options,
     clean,
     connect,
     text,
 )
 from exporter.error import ConfigError
-from exporter.remote import RemoteError, WaitTimeout
+from exporter.remote import RemoteError, Unsupported, WaitTimeout
 from exporter.remote.waiting import REQUEST_TIMEOUT_S
 
 
@@ -44,6 +45,11 @@ def add_wait_command(sub: Any) -> None:
         "--resumed", dest="paused", action="store_false", default=None, help="no scheduler paused"
     )
     pause.add_argument("--paused", dest="paused", action="store_true", help="every one paused")
+    p.add_argument(
+        "--healthy",
+        action="store_true",
+        help="no rank reports an unhealthy or dead fault-tolerance status",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--json", action="store_true", help="print the last gate answer as JSON")
@@ -58,6 +64,8 @@ def gate_params(args: argparse.Namespace) -> dict[str, str]:
         params["sleeping"] = str(args.sleeping).lower()
     if args.paused is not None:
         params["paused"] = str(args.paused).lower()
+    if args.healthy:
+        params["healthy"] = "true"
     return params
 
 
@@ -111,6 +119,9 @@ async def run_wait(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_ERROR
+        except Unsupported as exc:  # no engine can answer a condition: waiting cannot help
+            print(f"ctl: {describe_conditions(params)}: {exc}", file=sys.stderr)
+            return EXIT_UNSUPPORTED
         except RemoteError as exc:  # the question itself is wrong (a 4xx but 412)
             print(f"ctl: HTTP {exc.status} from {exc.url}: {exc.detail}", file=sys.stderr)
             return EXIT_ERROR

@@ -8,11 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from exporter.base.ports import free_listen_port
 from exporter.sim.engine import SimOptions
 from exporter.sim.frontend import SimFrontend
 from tests.harness.scrape import metric_value
-from tests.harness.service import Service, Services, serve_config
+from tests.harness.service import Service, relay_service
 from tests.harness.statusschema import validate_status
 
 KV_EVENTS = {"enable_kv_cache_events": True, "endpoint": "tcp://*:6557", "topic": "relay"}
@@ -20,25 +19,8 @@ KV_EVENTS = {"enable_kv_cache_events": True, "endpoint": "tcp://*:6557", "topic"
 
 @pytest.fixture
 async def relayed() -> AsyncIterator[tuple[Service, SimFrontend]]:
-    upstream = f"tcp://127.0.0.1:{free_listen_port()}"
-    frontend = SimFrontend(upstream, 2)
-    await frontend.start(call_loop=False)
-    services = Services(start=False)
-    try:
-        config = serve_config(
-            attach="relay",
-            engine_count=2,
-            handshake_address=f"tcp://127.0.0.1:{free_listen_port()}",
-            upstream_handshake_address=upstream,
-        )
-        svc = await services.serve(config, first_poll=False)
-        await svc.start_engines(SimOptions(kv_events=KV_EVENTS))
-        await frontend.wait_connected(5.0)
-        await svc.ready()
-        yield svc, frontend
-    finally:
-        await services.close()
-        await frontend.close()
+    async with relay_service(SimOptions(kv_events=KV_EVENTS)) as found:
+        yield found
 
 
 async def test_relay_mode_names_each_ranks_publisher(relayed: tuple[Service, SimFrontend]) -> None:

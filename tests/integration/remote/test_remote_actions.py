@@ -125,26 +125,28 @@ async def test_missing_methods_are_unsupported_and_mixed_failures_are_not(
         options=SimOptions(weight_version="v1"),
         per_engine={
             "missing_methods": {
-                0: frozenset({"reset_encoder_cache"}),
-                2: frozenset({"reset_encoder_cache", "reset_prefix_cache"}),
+                0: frozenset({"reset_encoder_cache", "reset_mm_cache"}),
+                1: frozenset({"reset_encoder_cache"}),
+                2: frozenset({"reset_encoder_cache", "reset_mm_cache", "reset_prefix_cache"}),
             },
             "refuse_reset": {0: True},
             "corrupt_param": {1: CORRUPT},
         },
     )
     async with client(svc) as dp:
-        with pytest.raises(Unsupported) as only_missing:
+        # No engine has it: 501, its own error (not a partial failure: nothing changed).
+        with pytest.raises(Unsupported) as nowhere:
             await dp.reset_encoder_cache()
-        assert isinstance(only_missing.value, PartialFailure)
-        assert only_missing.value.result.unsupported
-        assert [e.reason for e in only_missing.value.result.engines] == [
-            "unsupported",
-            None,
-            "unsupported",
-        ]
+        assert not isinstance(nowhere.value, PartialFailure) and nowhere.value.status == 501
+        assert nowhere.value.result is not None and nowhere.value.result.unsupported
+        assert [e.reason for e in nowhere.value.result.engines] == ["unsupported"] * 3
+        # Some engines have it: a partial failure naming the ones that do not.
+        with pytest.raises(PartialFailure) as some:
+            await dp.reset_mm_cache()
+        assert some.value.status == 502 and not some.value.result.unsupported
+        assert [e.engine for e in some.value.result.unsupported_engines] == ["0", "2"]
         with pytest.raises(PartialFailure) as mixed:
             await dp.reset_prefix_cache()
-        assert not isinstance(mixed.value, Unsupported)
         assert [e.reason for e in mixed.value.result.engines] == ["refused", None, "unsupported"]
         with pytest.raises(PartialFailure) as mismatch:
             await dp.verify_weights()

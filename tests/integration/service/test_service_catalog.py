@@ -16,6 +16,11 @@ import zmq
 import zmq.asyncio
 
 from exporter.metrics.catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
+from exporter.protocol.pushes import (
+    EEP_NOTIFICATION_CALL_ID,
+    FT_STATUS_CALL_ID,
+    encode_ft_status_value,
+)
 from exporter.sim.state import ALL_TAGS
 from tests.harness.processes import ROOT
 from tests.harness.scrape import metric_value as value
@@ -135,6 +140,9 @@ async def test_live_exporter_exports_every_catalog_and_design_metric(
     assert fleet.admin_url is not None
     async with fleet.session.post(fleet.admin_url + "/admin/verify_weights") as resp:
         assert resp.status == 200, await resp.text()
+    # Pushes: a fault-tolerance status and an elastic-EP notification (vLLM 0.33's payloads).
+    await fleet.engines[0].push(FT_STATUS_CALL_ID, encode_ft_status_value(0, "unhealthy", "E"))
+    await fleet.engines[1].push(EEP_NOTIFICATION_CALL_ID, ["RECONFIGURE_FINISHED", 1])
     # A protocol error and an inconsistency.
     await send_garbage_to_output_socket(fleet)
     fleet.engines[0].state.sleeping_tags = set(ALL_TAGS)
@@ -143,6 +151,7 @@ async def test_live_exporter_exports_every_catalog_and_design_metric(
     assert value(m, "vllm_dp_sleep_state_consistent") == 0.0
     kinds = {s.labels["kind"]: s.value for s in m["vllm_dp_protocol_errors"].samples}
     assert kinds == fleet.exporter.faults.counts and sum(kinds.values()) >= 1
+    assert value(m, "vllm_dp_fault_tolerance_faulty_engines") == 1.0
 
     expected = {catalog_family(s) for s in METRICS if "owner" in s.modes}
     missing = expected - seen

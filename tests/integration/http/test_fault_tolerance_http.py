@@ -1,0 +1,247 @@
+"""HTTP mode learns each target's fault-tolerance status from vLLM 0.33's
+``GET /fault_tolerance/status``: the full exporter over simulated API servers on loopback, read
+back through ``/metrics``, ``/status`` and ``GET /gate?healthy=true``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from exporter.client.fleet import FAULT_STATUS
+from exporter.client.http import BAD_FT_ANSWER, HttpFleetClient
+from exporter.client.http_replies import MAX_FT_ANSWER
+from exporter.control.attach import parse_targets
+from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
+from exporter.sim.api_server import sim_of, start_api_server
+from tests.harness.apiservers import HOST, ApiServer, StartApi, http_config
+from tests.harness.scrape import metric_value, parse_metrics
+from tests.harness.service import Service, ServiceFactory
+
+FT_PATH = "/fault_tolerance/status"
+FT_FAMILY = "vllm_dp_engine_fault_tolerance_status"
+NAMES = ("first", "middle", "last")
+
+
+async def fleet(
+    start_api: StartApi, start_exporter: ServiceFactory, *, fault_tolerance: tuple[bool, ...]
+) -> tuple[list[ApiServer], Service]:
+    """One API server of two engines per flag (fleet-wide DP ranks 0-1, 2-3, ...), named
+    ``NAMES``, and the exporter over them (a fresh gate sample on every request)."""
+    apis = [
+        await start_api(engines=2, story_offset=2 * i, fault_tolerance=on)
+        for i, on in enumerate(fault_tolerance)
+    ]
+    targets = [f"{name}={api.url}" for name, api in zip(NAMES, apis, strict=False)]
+    ex = await start_exporter(http_config(targets, gate_min_interval=0))
+    await ex.fresh_poll()
+    return apis, ex
+
+
+async def ft_state(ex: Service) -> dict[str, Any]:
+    """Per engine: its state-set series (status → value, {} when absent) and its ``/status``
+    entry; the fleet's faulty count and top-level ``/status`` verdict."""
+    m = parse_metrics(await ex.metrics())
+    doc = await ex.status()
+    series = {
+        e["engine"]: {
+            s: metric_value(m, FT_FAMILY, engine=e["engine"], status=s)
+            for s in ("healthy", "unhealthy", "dead")
+            if metric_value(m, FT_FAMILY, engine=e["engine"], status=s) is not None
+        }
+        for e in doc["engines"]
+    }
+    return {
+        "series": series,
+        "entries": {e["engine"]: e["fault_tolerance"] for e in doc["engines"]},
+        "faulty": metric_value(m, "vllm_dp_fault_tolerance_faulty_engines"),
+        "fleet": doc["fault_tolerance"],
+    }
+
+
+def one_hot(status: str) -> dict[str, float]:
+    return {s: 1.0 if s == status else 0.0 for s in ("healthy", "unhealthy", "dead")}
+
+
+async def gate(ex: Service) -> tuple[int, Any]:
+    return await ex.get_json("/gate?healthy=true")
+
+
+def ft_requests(api: ApiServer) -> int:
+    return [path for _, path, _ in api.sim.requests].count(FT_PATH)
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=NAMES)
+async def test_unhealthy_and_back_at_each_position(
+    start_api: StartApi, start_exporter: ServiceFactory, position: int
+) -> None:
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True, True))
+    name, rank = NAMES[position], 2 * position + 1
+    state = await ft_state(ex)
+    assert state["series"] == {n: one_hot("healthy") for n in NAMES}
+    assert {n: e["status"] for n, e in state["entries"].items()} == dict.fromkeys(NAMES, "healthy")
+    assert state["faulty"] == 0
+    assert state["fleet"] == {
+        "healthy": True,
+        "faulty_engines": [],
+        "reported_engines": list(NAMES),
+    }
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (200, [])
+
+    apis[position].sim.set_fault_status(1, "unhealthy", "RuntimeError")
+    # The gate's own fan-out asks the route: no poll needed.
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, [name])
+    [failing] = [e for e in body["engines"] if e["engine"] == name]
+    assert failing["values"]["healthy"] is False
+    assert any(f"rank {rank}: RuntimeError" in f for f in failing["failures"]), failing
+    await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"][name] == one_hot("unhealthy")
+    assert all(state["series"][n] == one_hot("healthy") for n in NAMES if n != name)
+    entry = state["entries"][name]
+    assert (entry["status"], entry["fault_info"]) == ("unhealthy", f"rank {rank}: RuntimeError")
+    assert state["faulty"] == 1
+    assert state["fleet"]["healthy"] is False and state["fleet"]["faulty_engines"] == [name]
+    # Unchanged answers keep the time the status was first seen.
+    await ex.fresh_poll()
+    assert (await ft_state(ex))["entries"][name]["since_unix"] == entry["since_unix"]
+
+    apis[position].sim.set_fault_status(1, "healthy")
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (200, [])
+    await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"] == {n: one_hot("healthy") for n in NAMES}
+    assert state["entries"][name]["fault_info"] is None
+    assert state["entries"][name]["since_unix"] >= entry["since_unix"]
+    assert state["faulty"] == 0 and state["fleet"]["healthy"] is True
+
+
+async def test_worst_rank_of_a_target_wins(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True))
+    apis[1].sim.set_fault_status(0, "dead")
+    apis[1].sim.set_fault_status(1, "unhealthy", "ValueError")
+    apis[1].sim.recovery_failed("req-1", "retry timed out")
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, ["middle"])
+    await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"]["middle"] == one_hot("dead")
+    assert state["entries"]["middle"]["fault_info"] == (
+        "rank 2: dead, recovery failed: retry timed out; rank 3: ValueError"
+    )
+    assert state["series"]["first"] == one_hot("healthy")
+
+
+async def test_target_without_the_route(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    """vLLM without --enable-fault-tolerance answers 404: no series, not a failing gate, and
+    the route is not asked again (one GET beside each poll's is_sleeping for the others)."""
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, False, True))
+    for _ in range(3):
+        await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"]["middle"] == {}
+    assert state["entries"]["middle"] is None
+    assert state["fleet"]["reported_engines"] == ["first", "last"]
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (200, [])
+    assert ft_requests(apis[1]) == 1
+    sleeping = [p for _, p, _ in apis[0].sim.requests].count("/is_sleeping")
+    assert ft_requests(apis[0]) == sleeping >= 4
+    apis[2].sim.set_fault_status(0, "unhealthy", "RuntimeError")
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, ["last"])
+    assert ex.exporter.client.supports(FAULT_STATUS)
+
+
+HOSTILE = {
+    "not_json": b"<html>502 Bad Gateway</html>",
+    "deep_nesting": b'{"engines": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    "wrong_types": json.dumps(
+        {"engines": [{"id": "0", "status": "healthy"}, {"id": 1, "status": 3}]}
+    ).encode(),
+    "status_not_hashable": json.dumps({"engines": [{"id": 0, "status": ["dead"]}]}).encode(),
+    "healthy_beside_a_bad_entry": json.dumps(
+        {"engines": [{"id": 0, "status": "healthy"}, {"id": True, "status": "healthy"}]}
+    ).encode(),
+    "fault_info_not_text": json.dumps(
+        {"engines": [{"id": 0, "status": "unhealthy", "fault_info": {"a": [1]}}]}
+    ).encode(),
+    "not_an_object": b'[{"id": 0, "status": "dead"}]',
+    "too_long": b'{"engines": [' + b'{"id": 0, "status": "dead"},' * (MAX_FT_ANSWER // 20),
+}
+
+
+@pytest.mark.parametrize("body", HOSTILE.values(), ids=HOSTILE.keys())
+async def test_hostile_answer_changes_nothing(
+    start_api: StartApi, start_exporter: ServiceFactory, body: bytes
+) -> None:
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True))
+    apis[0].sim.set_fault_status(0, "unhealthy", "RuntimeError")
+    await ex.fresh_poll()
+    before = (await ft_state(ex))["entries"]["first"]
+    assert before["status"] == "unhealthy"
+    client = ex.exporter.client
+    assert isinstance(client, HttpFleetClient)
+    counted = client.faults.counts.get(BAD_FT_ANSWER, 0)
+    apis[0].sim.ft_answer = body
+    await ex.fresh_poll()
+    await ex.fresh_poll()
+    state = await ft_state(ex)  # /metrics and /status still answer
+    assert state["entries"]["first"] == before
+    assert state["series"]["first"] == one_hot("unhealthy")
+    assert state["series"]["middle"] == one_hot("healthy")
+    assert client.faults.counts.get(BAD_FT_ANSWER, 0) >= counted + 2
+    status, _ = await gate(ex)
+    assert status == 412
+
+
+async def test_huge_fault_info_is_cut(start_api: StartApi, start_exporter: ServiceFactory) -> None:
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True,))
+    apis[0].sim.set_fault_status(1, "unhealthy", "E" * 1_000_000)
+    await ex.fresh_poll()
+    entry = (await ft_state(ex))["entries"]["first"]
+    info = entry["fault_info"]
+    assert entry["status"] == "unhealthy"
+    assert info.startswith("rank 1: EEE") and CUT_MARKER in info
+    assert len(info.encode()) <= MAX_ENGINE_STRING
+    status, body = await gate(ex)
+    assert status == 412 and len(json.dumps(body)) < 4096
+
+
+async def test_route_asked_again_after_the_target_was_unreachable(
+    clients: list[HttpFleetClient],
+) -> None:
+    """A 404 is remembered until the target was unreachable: the server that comes back on the
+    same address may be another vLLM, with fault tolerance on."""
+    runner, url = await start_api_server(HOST, 0, engines=1)
+    port = int(url.rsplit(":", 1)[1])
+    client = HttpFleetClient(parse_targets([f"a={url}"]))
+    await client.start()
+    clients.append(client)
+    try:
+        for _ in range(3):
+            await client.call_utility("is_sleeping", timeout_s=2)
+        assert [p for _, p, _ in sim_of(runner).requests].count(FT_PATH) == 1
+        assert client.engine_details()[0].fault_status is None
+    finally:
+        await runner.cleanup()
+    [gone] = await client.call_utility("is_sleeping", timeout_s=2)
+    assert not gone.ok
+    runner, _ = await start_api_server(HOST, port, engines=1, fault_tolerance=True)
+    try:
+        sim_of(runner).set_fault_status(0, "unhealthy", "RuntimeError")
+        [back] = await client.call_utility("is_sleeping", timeout_s=2)
+        assert back.ok
+        ft = client.engine_details()[0].fault_status
+        assert ft is not None
+        assert (ft.status, ft.fault_info) == ("unhealthy", "rank 0: RuntimeError")
+    finally:
+        await runner.cleanup()
