@@ -40,6 +40,7 @@ from exporter.protocol import (
     registration_map,
 )
 from exporter.protocol.kv_events import publisher_config
+from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
 from exporter.sim.story import run_story
 
@@ -190,6 +191,11 @@ class SimEngine:
                 )
             )
 
+    async def _push_fault(self, status: str) -> None:
+        fault_info = "RuntimeError" if status == "unhealthy" else None
+        value = encode_ft_status_value(self.engine_index, status, fault_info)
+        await self.push(FT_STATUS_CALL_ID, value)
+
     # -- life cycle ------------------------------------------------------------------------
 
     async def run(self) -> str:
@@ -209,6 +215,7 @@ class SimEngine:
                     self.options.story_offset,
                     self.options.story_count,
                     period,
+                    self._push_fault,
                 )
                 tasks.append(asyncio.create_task(story))
             self.connected.set()

@@ -28,3 +28,14 @@ def test_fleet_verdict_words() -> None:
     assert format_status(_status(True, False)).startswith("fleet: asleep ")
     assert format_status(_status(True, None)).startswith("fleet: asleep ")
     assert format_status(_status(False, False)).startswith("fleet: awake ")
+
+
+def test_the_table_names_faulty_ranks() -> None:
+    body = _status(False, False)
+    body["fault_tolerance"] = {"healthy": False, "faulty_engines": ["0"], "reported_engines": ["0"]}
+    body["engines"][0]["fault_tolerance"] = {"status": "unhealthy", "fault_info": "RuntimeError"}
+    head, header, row = format_status(body).splitlines()
+    assert head.endswith("FAULTY 0") and "FAULT" in header.split()
+    assert "unhealthy (RuntimeError)" in row
+    assert "FAULTY" not in format_status(_status(False, False))
+    assert format_status(_status(False, False)).splitlines()[2].split()[6] == "-"

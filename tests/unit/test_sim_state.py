@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+
 import pytest
 
 from exporter.protocol.utility import PAUSE_MODES
@@ -15,7 +19,7 @@ from exporter.sim.state import (
     UtilityFailure,
     rank_prefix,
 )
-from exporter.sim.story import StoryState, story_state
+from exporter.sim.story import StoryState, run_story, story_state
 
 
 def test_initial_state() -> None:
@@ -326,3 +330,28 @@ def test_story_over_a_period() -> None:
         refused = refused or not fleet[1].reset_prefix_cache()
         assert fleet[0].reset_prefix_cache() and fleet[2].reset_prefix_cache()
     assert disagreed and refused
+
+
+def test_the_story_reports_a_fault_window_on_the_first_engine() -> None:
+    period = 100.0
+    assert story_state(0, 3, 80.0, period).fault == "unhealthy"
+    assert {story_state(0, 3, t, period).fault for t in (0.0, 50.0, 74.9, 85.0)} == {"healthy"}
+    assert {story_state(i, 3, 80.0, period).fault for i in (1, 2)} == {"healthy"}
+
+
+async def test_run_story_reports_the_fault_at_start_and_on_change() -> None:
+
+    reported: list[str] = []
+
+    async def report(status: str) -> None:
+        reported.append(status)
+
+    # A 0.5 s period: the fault window is 0.375-0.425 s of every period (checked every 10 ms).
+    task = asyncio.create_task(run_story(lambda _: None, 0, 1, 0.5, report))
+    await asyncio.sleep(1.2)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert reported[0] in ("healthy", "unhealthy")
+    assert "unhealthy" in reported and "healthy" in reported
+    assert all(a != b for a, b in itertools.pairwise(reported))  # changes only

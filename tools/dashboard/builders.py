@@ -17,6 +17,8 @@ ENGINE_STATES = (
     ("paused", 2, "yellow"),
     ("unknown", 3, "orange"),
 )
+#: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}).
+FT_STATUSES = (("healthy", 0, "green"), ("unhealthy", 1, "orange"), ("dead", 2, "red"))
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 
 
@@ -24,10 +26,12 @@ def sel(extra: str = "") -> str:
     return "{" + SEL + (", " + extra if extra else "") + "}"
 
 
-def one_hot_code(metric: str, states: tuple[tuple[str, int, str], ...], by: str) -> str:
+def one_hot_code(
+    metric: str, states: tuple[tuple[str, int, str], ...], by: str, label: str = "state"
+) -> str:
     """Collapse a one-hot {state} gauge into one number per group (see *_STATES)."""
     parts = [
-        f"({metric}{sel('state=' + json.dumps(name))} == 1) * {code}" for name, code, _ in states
+        f"({metric}{sel(label + '=' + json.dumps(name))} == 1) * {code}" for name, code, _ in states
     ]
     return f"max by ({by}) (\n  " + "\n  or ".join(parts) + "\n)"
 

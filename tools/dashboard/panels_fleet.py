@@ -5,6 +5,7 @@ from __future__ import annotations
 from dashboard.builders import (
     ENGINE_STATES,
     FLEET_STATES,
+    FT_STATUSES,
     GREEN_RED,
     Layout,
     mappings,
@@ -189,6 +190,23 @@ def add_fleet_rows(L: Layout) -> None:
         ),
         w=12,
         h=7,
+    )
+    ft_code = one_hot_code(
+        "vllm_dp_engine_fault_tolerance_status", FT_STATUSES, "instance, engine", "status"
+    )
+    L.add(
+        state_timeline(
+            "Fault tolerance per rank",
+            "vLLM's fault-tolerance sentinel (--enable-fault-tolerance, vLLM 0.33+) per engine, "
+            "from vllm_dp_engine_fault_tolerance_status: healthy, unhealthy (its busy loop "
+            "raised; it waits for POST /fault_tolerance/apply) or dead. Empty while no engine "
+            "reported (fault tolerance off, or relay mode). vLLM's /health stays 200 meanwhile.",
+            [target(ft_code, "engine {{engine}} ({{instance}})")],
+            maps=mappings(FT_STATUSES),
+            steps=[{"color": "text", "value": None}],
+        ),
+        w=24,
+        h=6,
     )
 
     # ------------------------------------------------------------------ inconsistency

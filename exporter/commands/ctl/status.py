@@ -42,8 +42,17 @@ def _engine_row(e: dict[str, Any]) -> list[str]:
         text(sleeping.get("outcome")),
         text(weights),
         text(e.get("vllm_version")),
+        _fault(e.get("fault_tolerance")),
         text(sleeping.get("error")),
     ]
+
+
+def _fault(ft: Any) -> str:
+    """The engine's fault-tolerance status (``-`` while it never reported one)."""
+    if not isinstance(ft, dict):
+        return "-"
+    info = ft.get("fault_info")
+    return text(ft.get("status")) + (f" ({text(info)})" if info else "")
 
 
 def format_status(body: dict[str, Any]) -> str:
@@ -62,11 +71,14 @@ def format_status(body: dict[str, Any]) -> str:
         head += f"  weights {clean(text(weights.get('value')))}"
     elif weights.get("state") == "inconsistent":
         head += "  weights INCONSISTENT"
+    faulty = body.get("fault_tolerance", {}).get("faulty_engines") or []
+    if faulty:
+        head += "  FAULTY " + ",".join(text(e) for e in faulty)
     for verdict_body in (agg, weights):
         if verdict_body.get("error"):
             head += f"\n{clean(verdict_body['error'])}"
     rows = [_engine_row(e) for e in body.get("engines", [])]
-    headers = ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "ERROR"]
+    headers = ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "FAULT", "ERROR"]
     return head + "\n" + table(headers, rows)
 
 
