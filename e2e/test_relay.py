@@ -26,10 +26,14 @@ from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
 pytestmark = pytest.mark.timeout(900)
 
 PROMPT = "w1 w2 w3 w4"
-# As long as the context allows (4096): 2 requests per engine run for about 15 s on an idle
-# machine (about 300 tokens per second), minutes on a busy one, so they hold KV blocks while the
-# refused resets are sent; an attempt in which they had ended before the pause runs again.
+# As long as the context allows (4096): one generation alone runs for about 13 s on an idle
+# machine (about 300 tokens per second); 12 of them, about 6 per engine batched together, keep
+# both engines busy far longer, so they hold KV blocks while the refused resets are sent, however
+# late the busy front end streams the first token. An attempt in which no engine was busy at the
+# pause runs again. (Not --max-num-seqs 1: tried, vLLM 0.32's pause with mode=keep then did not
+# answer within 60 s while requests waited for a slot.)
 LONG_TOKENS = 4000
+GENERATIONS = 12
 RESET_ATTEMPTS = 3
 KV_TOPIC = "kv-e2e"
 KV_EVENTS_CONFIG = json.dumps(
@@ -177,49 +181,55 @@ def test_scenario3_a_paused_front_end_shows_as_paused_engines_not_asleep(
 
 
 def _refused_while_paused(
-    exporter: ExporterProc, api: str
+    exporter: ExporterProc, api: str, attempts: list[str]
 ) -> tuple[list[LongGeneration], web.Reply, dict[str, float]] | None:
-    """4 long generations, the front end paused with ``mode=keep``, then a reset that must not
-    preempt them; returns the generations, the reset's answer and the counters before it, or
-    None when some generation had already ended on its engine (retry)."""
+    """Long generations, the front end paused with ``mode=keep`` as soon as the first one
+    streams, then a reset that must not preempt them; returns the generations, the reset's
+    answer and the counters before it, or None when no engine was busy at the pause (retry);
+    ``attempts`` gets one line of timings per attempt."""
+    started = time.monotonic()
     before = exporter.scrape()
     counters = {
-        "failure": before.total("vllm_dp_prefix_cache_resets_total", outcome="failure"),
-        **{
-            engine: before.value(
-                "vllm_dp_prefix_cache_reset_engine_failures_total", engine=engine, reason="refused"
-            )
-            or 0.0
-            for engine in ("0", "1")
-        },
+        outcome: before.total("vllm_dp_prefix_cache_resets_total", outcome=outcome)
+        for outcome in ("failure", "partial_failure")
+    } | {
+        engine: before.value(
+            "vllm_dp_prefix_cache_reset_engine_failures_total", engine=engine, reason="refused"
+        )
+        or 0.0
+        for engine in ("0", "1")
     }
-    gens = start_long_generations(api, 4, LONG_TOKENS, allow_ended=True)
+    gens = start_long_generations(api, GENERATIONS, LONG_TOKENS, allow_ended=True, wait_all=False)
     # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
     # generates, so the refusals below cannot race the end of the generations.
     paused = web.post(f"{api}/pause?mode=keep&clear_cache=false", timeout_s=60)
+    paused_at = time.monotonic() - started
     assert paused.status == 200, paused.body
     try:
-        # vLLM refuses a prefix-cache reset while running requests hold KV blocks; both engines
-        # refusing shows that the front end's load balancer spread the 4 requests over both
-        # (vLLM's num_requests_running gauge is not refreshed while a scheduler is paused).
+        # vLLM refuses a prefix-cache reset while running requests hold KV blocks: each engine
+        # the front end's load balancer gave a generation refuses, the others confirm.
         refused = exporter.reset(reset_running_requests=False)
         body = refused.json()
-        if refused.status == 502 and body["failed_engines"] == [0, 1]:
+        failed = body.get("failed_engines")
+        line = f"paused +{paused_at:.1f}s, reset {refused.status} failed_engines={failed}; "
+        if refused.status == 502 and failed:
+            assert {e["reason"] for e in body["engines"] if not e["ok"]} == {"refused"}, body
             ctl = exporter.ctl("reset-prefix-cache", "--admin-url", exporter.admin_url, "--json")
             assert ctl.returncode == 2, (ctl.stdout, ctl.stderr)
-            assert {e["reason"] for e in json.loads(ctl.stdout)["engines"]} == {"refused"}
-            assert not any(g.finished.is_set() for g in gens), "a generation ended meanwhile"
+            again = json.loads(ctl.stdout)
+            assert again["failed_engines"] == failed, (body, again)
+            print("scenario 4: " + line + "; ".join(g.timeline(started) for g in gens))
             return gens, refused, counters
     finally:
-        # Resumed, the 4 generations stream at once: the busy front end may answer late.
+        # Resumed, the generations stream at once: the busy front end may answer late.
         resumed = web.post(f"{api}/resume", timeout_s=60)
         assert resumed.status == 200, resumed.body
-    # An engine accepted: its generations had ended before the pause took hold (on an idle
-    # machine 2 generations of 4,000 tokens take about 15 s on one engine, and the client
-    # reads its buffered tokens after that). Not what this test is about: wait, then again.
-    assert refused.status in (200, 502), body
+    # Both engines accepted: their generations had ended before the pause took hold. Not what
+    # this test is about: wait for them, then again.
+    assert refused.status == 200, body
     for gen in gens:
         gen.result(600)
+    attempts.append(line + "; ".join(g.timeline(started) for g in gens))
     return None
 
 
@@ -228,37 +238,41 @@ def test_scenario4_reset_refused_by_engines_with_running_requests(
     relay: RelayDeployment,
 ) -> None:
     exporter, api = relay.exporter, relay.api_url
+    attempts: list[str] = []
     for _attempt in range(RESET_ATTEMPTS):
-        found = _refused_while_paused(exporter, api)
+        found = _refused_while_paused(exporter, api, attempts)
         if found is not None:
             break
     else:
-        raise AssertionError(f"no attempt of {RESET_ATTEMPTS} had both engines busy at the pause")
+        raise AssertionError(
+            f"no attempt of {RESET_ATTEMPTS} had an engine busy at the pause:\n"
+            + "\n".join(attempts)
+        )
     gens, refused, before = found
     body = refused.json()
-    assert body["outcome"] == "failure" and body["failed_engines"] == [0, 1], body
-    assert [(e["engine"], e["ok"], e["reason"]) for e in body["engines"]] == [
-        (0, False, "refused"),
-        (1, False, "refused"),
+    busy = [str(e) for e in body["failed_engines"]]
+    # The answer names each busy engine (refused) and confirms the others.
+    assert [(str(e["engine"]), e["ok"], e["reason"]) for e in body["engines"]] == [
+        (engine, engine not in busy, "refused" if engine in busy else None) for engine in ("0", "1")
     ]
+    outcome = "failure" if len(busy) == 2 else "partial_failure"
+    assert body["outcome"] == outcome, body
 
     scrape = exporter.scrape()
-    assert scrape.total("vllm_dp_prefix_cache_resets_total", outcome="failure") == (
-        before["failure"] + 2
+    # The reset and ctl's: both counted, each refusal counted on its engine alone.
+    assert scrape.total("vllm_dp_prefix_cache_resets_total", outcome=outcome) == (
+        before[outcome] + 2
     )
     for engine in ("0", "1"):
-        assert (
-            scrape.value(
-                "vllm_dp_prefix_cache_reset_engine_failures_total", engine=engine, reason="refused"
-            )
-            == before[engine] + 2
-        )
+        assert scrape.value(
+            "vllm_dp_prefix_cache_reset_engine_failures_total", engine=engine, reason="refused"
+        ) == before[engine] + (2 if engine in busy else 0)
         assert scrape.value("vllm_dp_engine_up", engine=engine) == 1
 
     # The same reset preempting the running requests is confirmed by both engines, and the
     # preempted requests still finish (recomputed) with every token.
     assert_confirmed_by_both(exporter.reset(reset_running_requests=True))
-    assert [g.result(600) for g in gens] == [LONG_TOKENS] * 4
+    assert [g.result(600) for g in gens] == [LONG_TOKENS] * GENERATIONS
     assert {g.finish_reason for g in gens} == {"length"}
 
     # Nothing runs any more: a plain reset is confirmed again.

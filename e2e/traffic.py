@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -52,6 +53,10 @@ class LongGeneration:
     ) -> None:
         self.started = threading.Event()
         self.finished = threading.Event()
+        self.sent_at = time.monotonic()
+        #: When the first token arrived and when the stream ended (monotonic; diagnostics).
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
         self.chunks = 0
         self.completion_tokens: int | None = None  # from the final usage chunk
         self.finish_reason: str | None = None
@@ -78,12 +83,23 @@ class LongGeneration:
                     for choice in chunk.get("choices") or ():
                         self.chunks += 1
                         self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                        if self.first_token_at is None:
+                            self.first_token_at = time.monotonic()
                         self.started.set()
         except BaseException as exc:  # reported by result(), never lost in the thread
             self.error = exc
         finally:
+            self.finished_at = time.monotonic()
             self.started.set()
             self.finished.set()
+
+    def timeline(self, since: float) -> str:
+        """``first token +Xs, ended +Ys`` relative to ``since`` (diagnostics)."""
+
+        def at(t: float | None) -> str:
+            return "-" if t is None else f"+{t - since:.1f}s"
+
+        return f"first token {at(self.first_token_at)}, ended {at(self.finished_at)}"
 
     def result(self, timeout_s: float) -> int | None:
         """Wait (bounded) for the end; returns the completion's token count (vLLM's usage)."""
@@ -101,12 +117,21 @@ def start_long_generations(
     start_timeout_s: float = 120.0,
     *,
     allow_ended: bool = False,
+    wait_all: bool = True,
 ) -> list[LongGeneration]:
-    """Start ``count`` long generations and wait until each one streamed its first token.
-    A generation that failed raises; one that already ended raises unless ``allow_ended`` (the
-    caller then checks ``finished`` itself)."""
+    """Start ``count`` long generations and wait until each one (``wait_all=False``: the
+    first one) streamed its first token. A generation that failed raises; one that already
+    ended raises unless ``allow_ended`` (the caller then checks ``finished`` itself)."""
     gens = [LongGeneration(api_url, f"w{i} w{i + 1} w{i + 2}", max_tokens) for i in range(count)]
-    for gen in gens:
+    waited = gens
+    if not wait_all:
+        deadline = time.monotonic() + start_timeout_s
+        while not any(g.started.is_set() for g in gens):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no first token within {start_timeout_s:.0f} s")
+            time.sleep(0.01)
+        waited = [g for g in gens if g.started.is_set()]
+    for gen in waited:
         if not gen.started.wait(start_timeout_s):
             raise AssertionError(f"no first token within {start_timeout_s:.0f} s")
         if gen.error is not None:
