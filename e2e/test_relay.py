@@ -26,8 +26,8 @@ from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
 pytestmark = pytest.mark.timeout(900)
 
 PROMPT = "w1 w2 w3 w4"
-# As long as the context allows (4096): one generation alone runs for about 13 s on an idle
-# machine (about 300 tokens per second); 12 of them, about 6 per engine batched together, keep
+# As long as the context allows (4096): one generation alone runs for seconds on an idle
+# machine (a few hundred tokens a second); 12 of them, about 6 per engine batched together, keep
 # both engines busy far longer, so they hold KV blocks while the refused resets are sent, however
 # late the busy front end streams the first token. An attempt in which no engine was busy at the
 # pause runs again. (Not --max-num-seqs 1: tried, vLLM 0.32's pause with mode=keep then did not

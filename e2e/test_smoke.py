@@ -194,7 +194,9 @@ def test_scenario10_status_marks_unsupported_exactly_what_the_version_lacks(
     for method in lacking:
         verdict = status["aggregate"][method]
         assert [str(e) for e in verdict["unsupported"]] == list(ENGINES), verdict
-        assert verdict.get("outcome", "unsupported") == "unsupported", verdict
+        assert verdict["outcome"] == "unsupported", verdict
+    for method in set(POLLED) - lacking:
+        assert status["aggregate"][method]["outcome"] != "unsupported", status["aggregate"]
     scrape = exporter.scrape()
     for method in lacking:
         assert scrape.total("vllm_dp_utility_calls_total", method=method, outcome="failed") == 0

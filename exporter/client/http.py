@@ -126,6 +126,7 @@ class HttpFleetClient:
         self._states = [_TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
+        self._side: aiohttp.ClientSession | None = None
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._background: set[asyncio.Task[None]] = set()
         self.retries = 0
@@ -164,30 +165,27 @@ class HttpFleetClient:
         headers = {"Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        # Deadlines are ours (one per fan-out), not aiohttp's.
-        timeout = aiohttp.ClientTimeout(total=None)
-        self._session = aiohttp.ClientSession(
-            headers=headers,
-            timeout=timeout,
-            connector=aiohttp.TCPConnector(limit=self.max_concurrency),
-            raise_for_status=False,
-        )
-        # Retries go through a connector that never reuses a connection.
-        self._fresh = aiohttp.ClientSession(
-            headers=headers,
-            timeout=timeout,
-            connector=aiohttp.TCPConnector(force_close=True, limit=self.max_concurrency),
-            raise_for_status=False,
-        )
+
+        # Deadlines are ours (one per fan-out), not aiohttp's. Retries go through a connector
+        # that never reuses a connection; the per-poll fault-tolerance read keeps its own pool
+        # (one connection per target kept open, the dev routes' pool untouched).
+        def session(force_close: bool) -> aiohttp.ClientSession:
+            connector = aiohttp.TCPConnector(force_close=force_close, limit=self.max_concurrency)
+            timeout = aiohttp.ClientTimeout(total=None)
+            return aiohttp.ClientSession(
+                headers=headers, timeout=timeout, connector=connector, raise_for_status=False
+            )
+
+        self._session, self._fresh, self._side = session(False), session(True), session(False)
 
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        for session in (self._session, self._fresh):
+        for session in (self._session, self._fresh, self._side):
             if session is not None:
                 await session.close()
-        self._session = self._fresh = None
+        self._session = self._fresh = self._side = None
 
     async def call_utility(
         self,
@@ -357,11 +355,13 @@ class HttpFleetClient:
         return task
 
     async def _fetch_fault_status(self, state: _TargetState, timeout_s: float) -> None:
-        """One answer, recorded in ``pushes`` (so ``since_unix`` holds); never raises. On a
-        connection of its own, as ``GET /version``: the dev routes' pool stays theirs."""
+        """One answer, recorded in ``pushes`` (so ``since_unix`` holds); never raises. Through
+        its own pool, kept open from poll to poll: the dev routes' pool stays theirs."""
         label = state.target.label
-        try:  # bounded by the fresh session's connector, as GET /version is
-            request = self._request(self._fresh_session(), state, FT_ROUTE, MAX_FT_ANSWER)
+        if self._side is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        try:
+            request = self._request(self._side, state, FT_ROUTE, MAX_FT_ANSWER)
             reply = await asyncio.wait_for(request, timeout_s)
         except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return  # unreachable or slow: the dev routes' outcomes say so; the status stays

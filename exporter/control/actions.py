@@ -86,12 +86,12 @@ def capability_gaps(client: FleetClient, method: str) -> dict[str, EngineOutcome
 
 async def call_capable(
     client: FleetClient, method: str, args: tuple[Any, ...], timeout_s: float
-) -> list[EngineOutcome]:
-    """``method`` on every engine that can run it; ``unsupported`` for the others (in the
-    fleet's engine order)."""
+) -> tuple[list[EngineOutcome], frozenset[str]]:
+    """``method`` on every engine that can run it, ``unsupported`` for the others (in the
+    fleet's engine order), and the engines it was not sent to."""
     gaps = capability_gaps(client, method)
     if not gaps:
-        return await client.call_utility(method, args, timeout_s=timeout_s)
+        return await client.call_utility(method, args, timeout_s=timeout_s), frozenset()
     labels = client.engine_labels
     capable = [label for label in labels if label not in gaps]
     asked = (
@@ -100,7 +100,7 @@ async def call_capable(
         else []
     )
     by_engine = {o.engine: o for o in asked} | gaps
-    return [by_engine[label] for label in labels if label in by_engine]
+    return [by_engine[label] for label in labels if label in by_engine], frozenset(gaps)
 
 
 async def run_action(
@@ -112,7 +112,7 @@ async def run_action(
 ) -> ActionResult:
     """The call on every engine, then the read-back on every engine the call reached."""
     started = time.perf_counter()
-    calls = await call_capable(client, request.method, request.args, timeout_s)
+    calls, not_sent = await call_capable(client, request.method, request.args, timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
         return ActionResult(503, no_engine_body(request.action, request.params, shape))
     readback = None
@@ -120,7 +120,7 @@ async def run_action(
         reached = [
             o.engine
             for o in calls
-            if o.outcome is not Outcome.DISCONNECTED and o.error != NO_SLEEP_MODE
+            if o.outcome is not Outcome.DISCONNECTED and o.engine not in not_sent
         ]
         back = (
             await client.call_utility(

@@ -98,6 +98,19 @@ class FleetSnapshot:
         return self.verdict(WEIGHT_VERSION)
 
     @property
+    def fault_reported(self) -> tuple[str, ...]:
+        """Engines that reported a fault-tolerance status (``EngineDetail.fault_status``)."""
+        return tuple(e.engine for e in self.engines if e.detail.fault_status is not None)
+
+    @property
+    def faulty(self) -> tuple[str, ...]:
+        """Engines whose last fault-tolerance status is unhealthy or dead; the fleet is healthy
+        without any (an engine that never reported counts as healthy: vLLM pushes changes)."""
+        return tuple(
+            e.engine for e in self.engines if e.detail.fault_status and e.detail.fault_status.faulty
+        )
+
+    @property
     def ready(self) -> bool:
         """Every expected engine finished its handshake and answered the last poll."""
         return (

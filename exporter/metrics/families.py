@@ -155,11 +155,9 @@ def _push_rows(b: _Builder, snap: FleetSnapshot) -> None:
     status: list[tuple[Labels, float]] = []
     pushes: list[tuple[Labels, float]] = []
     events: list[tuple[Labels, float]] = []
-    faulty = 0
     for e in snap.engines:
         ft = e.detail.fault_status
         if ft is not None:
-            faulty += ft.faulty
             status += [((e.engine, s), 1.0 if s == ft.status else 0.0) for s in FT_STATUSES]
         pushes += [((e.engine, kind), float(n)) for kind, n in e.detail.pushes]
         m = e.detail.membership
@@ -167,7 +165,7 @@ def _push_rows(b: _Builder, snap: FleetSnapshot) -> None:
             events.append(((e.engine, m.event), m.received_unix))
     if status:
         _rows(b, "vllm_dp_engine_fault_tolerance_status", status)
-        _rows(b, "vllm_dp_fault_tolerance_faulty_engines", [((), float(faulty))])
+        _rows(b, "vllm_dp_fault_tolerance_faulty_engines", [((), float(len(snap.faulty)))])
     if pushes:
         _rows(b, "vllm_dp_engine_pushes_total", pushes)
     if events:

@@ -13,9 +13,9 @@ gate answers and status rows compare equal.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from exporter.remote.errors import InvalidAnswer
 
@@ -23,6 +23,24 @@ from exporter.remote.errors import InvalidAnswer
 REASONS = ("refused", "failed", "timeout", "disconnected", "unsupported", "unverified", "mismatch")
 #: Fleet outcomes of an action (exporter.fleetstate.aggregate.fleet_outcome).
 OUTCOMES = ("success", "partial_failure", "failure", "unsupported")
+
+
+class _Labelled(Protocol):
+    @property
+    def engine(self) -> str: ...
+
+
+_Row = TypeVar("_Row", bound=_Labelled)
+
+
+def find_engine(rows: Iterable[_Row], label: str | int) -> _Row:
+    """The row of engine ``label`` (an index or an HTTP target's name); ``KeyError`` when
+    none names it."""
+    wanted = str(label)
+    for row in rows:
+        if row.engine == wanted:
+            return row
+    raise KeyError(wanted)
 
 
 class Fields:
@@ -185,11 +203,7 @@ class ActionResult:
 
     def engine(self, label: str | int) -> EngineOutcome:
         """The outcome of one engine (``KeyError`` when the answer does not name it)."""
-        wanted = str(label)
-        for e in self.engines:
-            if e.engine == wanted:
-                return e
-        raise KeyError(wanted)
+        return find_engine(self.engines, label)
 
     @classmethod
     def from_json(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.remote.results import Fields
+from exporter.remote.results import Fields, find_engine
 
 #: The invariants every poll checks (``aggregate.<method>``, each engine's ``invariants``).
 INVARIANTS = ("is_sleeping", "is_scheduler_paused", "get_weight_version")
@@ -149,11 +149,7 @@ class Status:
 
     def engine(self, label: str | int) -> EngineStatus:
         """One engine's row (``KeyError`` when the document does not name it)."""
-        wanted = str(label)
-        for e in self.engines:
-            if e.engine == wanted:
-                return e
-        raise KeyError(wanted)
+        return find_engine(self.engines, label)
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Status:

@@ -36,9 +36,8 @@ def verdict_json(
     """One invariant's verdict; ``outcome`` is its state, or ``unsupported`` when no engine
     can answer it (every one of the ``engines`` lacks the method, or the attach mode does not
     ask it): an older vLLM, not a fault."""
-    nowhere = not supported or (
-        bool(unsupported) and engines is not None and len(unsupported or []) >= engines
-    )
+    lacking = unsupported or []
+    nowhere = not supported or (engines is not None and 0 < engines <= len(lacking))
     consistent = {FleetState.CONSISTENT: True, FleetState.INCONSISTENT: False}.get(verdict.state)
     error = verdict.error
     by_engine = None
@@ -54,7 +53,7 @@ def verdict_json(
         "values": error.values if error else None,
         "by_engine": by_engine,
         "missing": list(verdict.missing),
-        "unsupported": unsupported or [],
+        "unsupported": lacking,
     }
 
 
@@ -149,14 +148,12 @@ def membership_json(detail: EngineDetail) -> dict[str, Any] | None:
 
 
 def fleet_fault_tolerance_json(snap: FleetSnapshot) -> dict[str, Any]:
-    """The fleet verdict: every rank that reported a fault-tolerance status is healthy
-    (engines that never reported count as healthy: vLLM's sentinel pushes only changes)."""
-    reported = [e for e in snap.engines if e.detail.fault_status is not None]
-    faulty = [e.engine for e in reported if e.detail.fault_status and e.detail.fault_status.faulty]
+    """The fleet verdict: every rank that reported a fault-tolerance status is healthy."""
+    faulty = list(snap.faulty)
     return {
         "healthy": not faulty,
         "faulty_engines": faulty,
-        "reported_engines": [e.engine for e in reported],
+        "reported_engines": list(snap.fault_reported),
     }
 
 

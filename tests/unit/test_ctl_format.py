@@ -39,3 +39,14 @@ def test_the_table_names_faulty_ranks() -> None:
     assert "unhealthy (RuntimeError)" in row
     assert "FAULTY" not in format_status(_status(False, False))
     assert format_status(_status(False, False)).splitlines()[2].split()[6] == "-"
+
+
+def test_wait_healthy_asks_the_gate_for_healthy_ranks() -> None:
+    import argparse
+
+    from exporter.commands.ctl.wait import add_wait_command, gate_params
+
+    parser = argparse.ArgumentParser()
+    add_wait_command(parser.add_subparsers())
+    assert gate_params(parser.parse_args(["wait", "--healthy"])) == {"healthy": "true"}
+    assert "healthy" not in gate_params(parser.parse_args(["wait", "--awake"]))

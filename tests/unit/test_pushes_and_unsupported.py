@@ -70,6 +70,7 @@ def test_bad_ft_status_payloads_are_refused(value: Any) -> None:
 
 def test_eep_notifications_and_push_kinds() -> None:
     assert decode_eep_notification(["RECONFIGURE_FINISHED", 3]) == ("RECONFIGURE_FINISHED", 3)
+    assert decode_eep_notification(["E" * 10**6, 0]) == ("E" * 64, 0)  # one bounded label value
     for bad in (None, ["X"], ["X", "3"], [1, 2], ["X", 1, 2]):
         with pytest.raises(ProtocolError):
             decode_eep_notification(bad)

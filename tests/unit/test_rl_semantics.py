@@ -120,6 +120,9 @@ def test_gate_conditions(query: dict[str, list[str]], expected: dict[str, Any]) 
         {"sleeping": ["maybe"]},
         {"paused": ["true", "false"]},
         {"weight_version": [""]},
+        {"healthy": ["maybe"]},
+        {"healthy": ["true", "true"]},
+        {"healthy": ["x" * 10_000]},
     ],
 )
 def test_gate_bad_conditions(query: dict[str, list[str]]) -> None:

@@ -9,7 +9,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from exporter.error import ConfigError
 from exporter.remote import (
     BASIC_AUTH_ENV,
     DEFAULT_ADMIN_URL,
@@ -115,11 +114,8 @@ async def post_admin(
     """Run one action (``call``) and print its answer; the exit code: 0 when every engine
     confirmed, 2 on a partial failure (nothing is rolled back), 4 when no engine supports the
     action, 1 on anything else."""
-    try:
-        client = connect(args, url=None, admin_url=args.admin_url)
-    except ConfigError as exc:
-        print(f"ctl: cannot use {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    # A ConfigError (a credentials file that cannot be used): run_ctl says why, exit 1.
+    client = connect(args, url=None, admin_url=args.admin_url)
     async with client:
         try:
             result = await call(client)

@@ -18,7 +18,6 @@ from exporter.commands.ctl.common import (
     table,
     text,
 )
-from exporter.error import ConfigError
 from exporter.remote import InvalidAnswer, RemoteError, Unreachable
 
 
@@ -83,11 +82,7 @@ def format_status(body: dict[str, Any]) -> str:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    try:
-        client = connect(args, url=args.url, admin_url=None)
-    except ConfigError as exc:
-        print(f"ctl: cannot use {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    client = connect(args, url=args.url, admin_url=None)  # ConfigError: run_ctl says why, exit 1
     async with client:
         try:
             status = await client.status(timeout_s=args.timeout)

@@ -26,7 +26,6 @@ from exporter.commands.ctl.common import (
     connect,
     text,
 )
-from exporter.error import ConfigError
 from exporter.remote import RemoteError, Unsupported, WaitTimeout
 from exporter.remote.waiting import REQUEST_TIMEOUT_S
 
@@ -94,11 +93,7 @@ async def run_wait(args: argparse.Namespace) -> int:
         print("ctl: --interval must be positive and --timeout not negative", file=sys.stderr)
         return EXIT_ERROR
     params = gate_params(args)
-    try:
-        client = connect(args, url=args.url, admin_url=None)
-    except ConfigError as exc:
-        print(f"ctl: cannot use {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    client = connect(args, url=args.url, admin_url=None)  # ConfigError: run_ctl says why, exit 1
     async with client:
         try:
             opened = await client.wait(
