@@ -23,6 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import zmq
@@ -122,11 +123,15 @@ class EngineDataPlane(OutputReader):
             self._input = sockets.plain_socket(self._ctx, zmq.ROUTER)
             self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.input_address = sockets.bind(self._input, bind_host, shape.advertise_host, base)
+            self.input_address = await sockets.bind_when_free(
+                partial(sockets.bind, self._input, bind_host, shape.advertise_host, base)
+            )
             self._output = output = sockets.plain_socket(self._ctx, zmq.PULL)
             for offset, link in enumerate(self._links.values()):
                 port = None if base is None else base + 1 + offset
-                link.output_address = sockets.bind(output, bind_host, shape.advertise_host, port)
+                link.output_address = await sockets.bind_when_free(
+                    partial(sockets.bind, output, bind_host, shape.advertise_host, port)
+                )
                 self._by_port[port_of(link.output_address)] = link
             self._output_monitor = sockets.monitor_socket(self._ctx, output, f"{id(self)}")
             await self._start_control()
@@ -179,9 +184,9 @@ class EngineDataPlane(OutputReader):
 
     # -- the handshake socket ------------------------------------------------------------------
 
-    def _open_handshake(self, address: str) -> None:
+    async def _open_handshake(self, address: str) -> None:
         """Bind the handshake ROUTER the engines dial (``HandshakeSocket``)."""
-        self._handshake_side.open(address)
+        await sockets.bind_when_free(partial(self._handshake_side.open, address))
 
     async def _close_handshake(self) -> None:
         await self._handshake_side.close()

@@ -61,7 +61,7 @@ class OwnerTransport(EngineDataPlane):
                 link.slot = 0
                 link.phase = Phase.RESTORED
             self._restore_state()  # their registrations, when a state file remembers them
-        self._open_handshake(self.config.handshake_address)
+        await self._open_handshake(self.config.handshake_address)
 
     async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         if len(frames) != 2:

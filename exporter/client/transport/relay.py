@@ -135,7 +135,7 @@ class RelayTransport(EngineDataPlane):
 
     async def _start_control(self) -> None:
         self._restore_state()
-        self._open_handshake(self.config.handshake_address)
+        await self._open_handshake(self.config.handshake_address)
         log.info(
             "relay: engines dial %s, front end at %s, exporter input %s",
             self.config.handshake_address,

@@ -7,8 +7,11 @@ flooding peer needs special handling anywhere else.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import resource
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -28,6 +31,12 @@ SOCKETS_BASE = 16
 #: listening socket of its output address, its connection to it and its connection to the
 #: input ROUTER.
 FDS_PER_ENGINE = 3
+#: How long a fixed address found in use is retried before start fails: the listener of an
+#: exporter that just stopped can outlive it briefly (libzmq closes sockets on its I/O thread,
+#: and a replaced process may still be exiting).
+ADDRESS_IN_USE_WAIT_S = 3.0
+
+T = TypeVar("T")
 #: Descriptors that do not depend on the engine count: the interpreter, libzmq's threads and
 #: epoll, asyncio, the HTTP listeners and their clients (scrapes, admin), and slack.
 FDS_BASE = 256
@@ -121,3 +130,17 @@ def bind(sock: zmq.Socket[bytes], bind_host: str, advertise_host: str, port: int
     sock.bind(f"tcp://{tcp_host(bind_host)}:{port if port is not None else '*'}")
     bound_port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
     return f"tcp://{tcp_host(advertise_host)}:{bound_port}"
+
+
+async def bind_when_free(bind_once: Callable[[], T], wait_s: float = ADDRESS_IN_USE_WAIT_S) -> T:
+    """``bind_once()``, retried while its address is in use for at most ``wait_s``; any other
+    error, or the address still in use after that, is raised as it is."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            return bind_once()
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(0.05)

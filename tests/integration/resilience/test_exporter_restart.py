@@ -4,6 +4,7 @@ handshake, recovers per-engine state within a poll and counts stale replies."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 
@@ -126,3 +127,31 @@ async def test_restarted_owner_remembers_what_engines_registered(tmp_path: Path)
             assert [e["handshakes"] for e in status["engines"]] == [0, 0]
         finally:
             await second.stop()
+
+
+async def test_a_fixed_port_still_held_a_moment_is_waited_for_then_refused() -> None:
+    """A restarted exporter's fixed ports can still be held briefly by the listener it replaces
+    (libzmq closes sockets on its I/O thread): start waits for them, a bounded time, instead of
+    failing at once; a port held for good still fails start with the address it could not bind."""
+    base = free_port_range(3)
+    held = socket.socket()
+    held.bind(("127.0.0.1", base + 1))  # the first engine's output port
+    held.listen()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.4, held.close)
+    svc = await start_service(make_config(2, fixed_base_port=base, poll_interval=5.0))
+    try:
+        assert [link.output_address for link in svc.client.transport.link_snapshots()] == [
+            f"tcp://127.0.0.1:{base + 1}",
+            f"tcp://127.0.0.1:{base + 2}",
+        ]
+    finally:
+        await svc.stop()
+    with socket.socket() as forever:
+        forever.bind(("127.0.0.1", base + 2))
+        forever.listen()
+        started = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            await start_service(make_config(2, fixed_base_port=base, poll_interval=5.0))
+        assert f":{base + 2}" in str(raised.value) and "in use" in str(raised.value)
+        assert time.monotonic() - started < 30
