@@ -11,10 +11,9 @@ Each allow-listed utility method maps to one dev or RL route (F.4): the table is
 ``exporter.client.http_routes``'s docstring; replies: ``http_replies``.
 A 404 on a route other than the two oldest dev routes is "unsupported" (``UNSUPPORTED_HINT``).
 
-A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``), the worst of its
-ranks, is ``GET /fault_tolerance/status`` beside each fan-out's ``is_sleeping`` (once per poll
-and per gate sample). A server without it (404/405) is asked again after it was unreachable, or
-``FT_RECHECK_S``; a malformed answer changes nothing and is counted (``BAD_FT_ANSWER``).
+A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``) is read beside each
+fan-out's ``is_sleeping`` (``exporter.client.http_fault``): the worst of its ranks, or each rank
+of a plugin-enabled target.
 
 One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
 under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
@@ -45,6 +44,7 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
+from exporter.client.http_fault import FaultRead, FaultStatusReader
 from exporter.client.http_plugin import (
     ACTION_HINT,
     GATE_KEYS,
@@ -52,8 +52,9 @@ from exporter.client.http_plugin import (
     gate_engines,
     gate_outcomes,
     is_plugin_url,
+    server_root,
 )
-from exporter.client.http_replies import MAX_FT_ANSWER, fault_status_of, interpret
+from exporter.client.http_replies import interpret
 from exporter.client.http_routes import Reply, Retryable, Route, connection_error, exchange, route
 from exporter.client.pushes import PushBook
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
@@ -66,10 +67,6 @@ DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
 #: A plugin target's gate answer serves the read methods of requests started this soon after.
 PLUGIN_SHARE_S = 0.1
-FT_ROUTE = Route("GET", "/fault_tolerance/status")
-#: A server that answered 404/405 there is asked again after this long (or a reconnection).
-FT_RECHECK_S = 300.0
-BAD_FT_ANSWER = "bad_fault_tolerance_status"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +95,12 @@ class _TargetState:
     #: used by the next poll: the server's own fan-out waits its own call timeout).
     answered: tuple[int, bytes, float] | None = None
     answered_at: float = 0.0
-    #: ``GET /fault_tolerance/status``: the one in flight; when the server last said it has
-    #: no such route (None: ask).
-    ft_task: asyncio.Task[None] | None = None
-    ft_missing_at: float | None = None
+    #: ``GET /fault_tolerance/status`` (``http_fault``): at the server's root for a plugin target.
+    fault_read: FaultRead = field(init=False)
+
+    def __post_init__(self) -> None:
+        root = server_root(self.target.url) if self.plugin else self.target.url
+        self.fault_read = FaultRead(self.target.label, root, per_rank=self.plugin)
 
     def labels(self) -> list[str]:
         """This target's engine labels: one per engine of a plugin target, once known."""
@@ -129,6 +128,9 @@ class HttpFleetClient:
         self._side: aiohttp.ClientSession | None = None
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._background: set[asyncio.Task[None]] = set()
+        self._fault_reads = FaultStatusReader(
+            self.pushes, self.faults, self._side_session, self._background
+        )
         self.retries = 0
 
     # -- FleetClient -----------------------------------------------------------------------
@@ -237,17 +239,22 @@ class HttpFleetClient:
     async def _call_target(
         self, state: _TargetState, method: str, spec: Route, timeout_s: float
     ) -> list[EngineOutcome]:
+        if method != "is_sleeping":
+            return await self._read_target(state, method, spec, timeout_s)
+        # Awaited within this deadline, so that this poll (or gate sample) reads the fresh
+        # status; a slower answer is recorded when it comes, for the next one.
+        deadline = time.monotonic() + timeout_s * 0.9
+        ft = self._fault_reads.refresh(state.fault_read, state.labels(), timeout_s)
+        outcomes = await self._read_target(state, method, spec, timeout_s)
+        if ft is not None:
+            await asyncio.wait((ft,), timeout=max(0.0, deadline - time.monotonic()))
+        return outcomes
+
+    async def _read_target(
+        self, state: _TargetState, method: str, spec: Route, timeout_s: float
+    ) -> list[EngineOutcome]:
         if not state.plugin:
-            if method != "is_sleeping":
-                return [await self._call_one(state, method, spec)]
-            # Awaited within this deadline, so that this poll (or gate sample) reads the fresh
-            # status; a slower answer is recorded when it comes, for the next one.
-            deadline = time.monotonic() + timeout_s * 0.9
-            ft = self._ft_refresh(state, timeout_s)
-            outcome = await self._call_one(state, method, spec)
-            if ft is not None:
-                await asyncio.wait((ft,), timeout=max(0.0, deadline - time.monotonic()))
-            return [outcome]
+            return [await self._call_one(state, method, spec)]
         if method not in GATE_KEYS:
             hint = ACTION_HINT.format(url=state.target.url)
             return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
@@ -289,6 +296,7 @@ class HttpFleetClient:
                 reply = await self._request(self._pooled(), state, Route("GET", "/gate"))
             except (Retryable, aiohttp.ClientError, OSError) as exc:
                 state.connected = False
+                state.fault_read.reconnected()
                 error = json.dumps({"error": connection_error(state.target.url, exc)}).encode()
                 return 503, error, time.perf_counter() - started
             state.connected = reply.status in (200, 412)
@@ -311,7 +319,7 @@ class HttpFleetClient:
                     reply = await self._request(self._fresh_session(), state, spec)
             except (Retryable, aiohttp.ClientError, OSError) as exc:
                 state.connected = False
-                state.ft_missing_at = None  # it may come back as another vLLM
+                state.fault_read.reconnected()
                 return EngineOutcome(
                     label, Outcome.DISCONNECTED, error=connection_error(state.target.url, exc)
                 )
@@ -341,48 +349,15 @@ class HttpFleetClient:
         finally:
             state.version_pending = False
 
-    def _ft_refresh(self, state: _TargetState, timeout_s: float) -> asyncio.Task[None] | None:
-        """This fan-out's ``GET /fault_tolerance/status`` (the one still running, if any);
-        None while the server is known to lack the route."""
-        if state.ft_task is not None and not state.ft_task.done():
-            return state.ft_task
-        missing = state.ft_missing_at
-        if missing is not None and time.monotonic() - missing < FT_RECHECK_S:
-            return None
-        task = state.ft_task = asyncio.create_task(self._fetch_fault_status(state, timeout_s))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    async def _fetch_fault_status(self, state: _TargetState, timeout_s: float) -> None:
-        """One answer, recorded in ``pushes`` (so ``since_unix`` holds); never raises. Through
-        its own pool, kept open from poll to poll: the dev routes' pool stays theirs."""
-        label = state.target.label
-        if self._side is None:
-            raise RuntimeError("HttpFleetClient.start() was not called")
-        try:
-            request = self._request(self._side, state, FT_ROUTE, MAX_FT_ANSWER)
-            reply = await asyncio.wait_for(request, timeout_s)
-        except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return  # unreachable or slow: the dev routes' outcomes say so; the status stays
-        if reply.status in (404, 405):  # no fault tolerance there (off, or an older vLLM)
-            state.ft_missing_at = time.monotonic()
-            self.pushes.forget(label)
-        elif reply.status != 200:
-            log.debug("target %s: HTTP %d from %s", label, reply.status, FT_ROUTE.path)
-        else:
-            try:
-                found = fault_status_of(reply.body)
-            except ValueError as exc:
-                self.faults.record(BAD_FT_ANSWER, f"target {label}: {exc}")
-                return
-            if found is not None:
-                self.pushes.set_fault_status(label, *found)
-
     def _pooled(self) -> aiohttp.ClientSession:
         if self._session is None:
             raise RuntimeError("HttpFleetClient.start() was not called")
         return self._session
+
+    def _side_session(self) -> aiohttp.ClientSession:
+        if self._side is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._side
 
     def _fresh_session(self) -> aiohttp.ClientSession:
         if self._fresh is None:

@@ -41,6 +41,14 @@ def is_plugin_url(url: str) -> bool:
     return URL(url).path.rstrip("/").endswith(PLUGIN_SUFFIX)
 
 
+def server_root(url: str) -> str:
+    """The vLLM server a plugin target's URL is under (``http://h:8000/dp`` -> ``http://h:8000``),
+    where vLLM's own routes (``/fault_tolerance/status``) are."""
+    parsed = URL(url)
+    path = parsed.path.rstrip("/")
+    return str(parsed.with_path(path[: -len(PLUGIN_SUFFIX)] or "/")).rstrip("/")
+
+
 def engine_label(target: str, rank: str) -> str:
     return f"{target}/{rank}"
 

@@ -17,8 +17,9 @@ map split again by the keys' ``dp..:pp..:pcp..:tp..:ep..:`` rank prefix).
 Every string of a reply (error texts, values, the values of an inconsistent answer) is cut by the
 rule owner and relay mode apply to engine replies, ``exporter.protocol.strings``.
 
-``fault_status_of`` reads vLLM 0.33's ``GET /fault_tolerance/status`` (not a utility method:
-its result is a target's fault-tolerance status, ``EngineDetail.fault_status``).
+``fault_entries`` reads vLLM 0.33's ``GET /fault_tolerance/status`` (not a utility method: its
+result is each rank's fault-tolerance status, ``EngineDetail.fault_status``; a target that is one
+engine to the exporter gets the worst of its ranks, ``worst_fault_status``).
 """
 
 from __future__ import annotations
@@ -202,12 +203,11 @@ MAX_FT_RANKS = 1024
 _FT_SEVERITY = {status: n for n, status in enumerate(FT_STATUSES)}  # healthy < unhealthy < dead
 
 
-def fault_status_of(body: bytes) -> tuple[str, str | None] | None:
-    """Pure: one target's (status, fault_info) from vLLM 0.33's 200 answer ``{"schema_version":
-    1, "total_engines": N, "engines": [{"id": rank, "status": .., "fault_info": ..}, ..]}``:
-    the worst of its ranks, fault_info naming the faulty ones (``"rank 1: RuntimeError"``, cut).
-    None: no rank named. ``ValueError`` for a malformed answer, a single bad entry included
-    (the rank it garbles might be the faulty one: never a false healthy)."""
+def fault_entries(body: bytes) -> list[tuple[int, str, str | None]]:
+    """Pure: every rank's (rank, status, fault_info) from vLLM 0.33's 200 answer
+    ``{"schema_version": 1, "total_engines": N, "engines": [{"id": rank, "status": ..,
+    "fault_info": ..}, ..]}``, in rank order. ``ValueError`` for a malformed answer, a single
+    bad entry included (the rank it garbles might be the faulty one: never a false healthy)."""
     if len(body) > MAX_FT_ANSWER:
         raise ValueError(f"answer longer than {MAX_FT_ANSWER} bytes")
     try:
@@ -220,6 +220,16 @@ def fault_status_of(body: bytes) -> tuple[str, str | None] | None:
     if not isinstance(entries, list) or len(entries) > MAX_FT_RANKS:
         raise ValueError("answer has no list of at most 1024 engines")
     ranks = sorted((fault_entry(entry) for entry in entries), key=lambda e: e[0])
+    if len({rank for rank, _, _ in ranks}) != len(ranks):
+        raise ValueError("answer names a rank twice")
+    return ranks
+
+
+def worst_fault_status(
+    ranks: list[tuple[int, str, str | None]],
+) -> tuple[str, str | None] | None:
+    """Pure: one server's (status, fault_info) over its ranks: the worst status, fault_info
+    naming the faulty ranks (``"rank 1: RuntimeError"``, cut). None: no rank named."""
     if not ranks:
         return None
     worst = max((status for _, status, _ in ranks), key=_FT_SEVERITY.__getitem__)

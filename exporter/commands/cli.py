@@ -111,8 +111,8 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 
 def _run_sim_engine(args: argparse.Namespace) -> int:
-    from exporter.sim.engine import SimOptions
     from exporter.sim.host import make_engines, serve_engines
+    from exporter.sim.options import SimOptions
 
     options = SimOptions(
         sleeping=args.sleeping,

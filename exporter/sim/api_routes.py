@@ -39,7 +39,7 @@ from exporter.sim.api_wire import (
     _query_bool,
     _query_mode,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from exporter.sim.api_wire import (
     _json,
     _validation_error,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.story import run_story
 
 

@@ -9,7 +9,8 @@ import signal
 
 import zmq.asyncio
 
-from exporter.sim.engine import SimEngine, SimOptions, SimStartupError
+from exporter.sim.engine import SimEngine, SimStartupError
+from exporter.sim.options import SimOptions
 
 log = logging.getLogger("exporter.sim")
 

@@ -26,7 +26,7 @@ from exporter.client.fleet import DEFAULT_ALLOWED_METHODS
 from exporter.client.inprocess import InProcessFleetClient
 from exporter.client.vllm_core import VllmCore
 from exporter.embed import start_exporter
-from exporter.sim.engine import RequestHook, SimOptions
+from exporter.sim.options import RequestHook, SimOptions
 from exporter.sim.vllm_client import SimAsyncLLM, SimEngineCore, start_sim_vllm
 from exporter.web.app import RunningService
 from tests.harness.service import RecordingSimEngine

@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
 from multidict import CIMultiDictProxy
 from prometheus_client import REGISTRY, Gauge
 
@@ -170,6 +171,28 @@ class PluginApp:
                 await self.fleet.stop()
 
 
+def add_fault_tolerance_route(app: FastAPI, engine_client: Any) -> None:
+    """vLLM 0.33's own ``GET /fault_tolerance/status`` beside the plugin's routes: the front
+    end's cached status of every rank it manages (``_engine_status``); 404 while fault
+    tolerance is off (vLLM registers the route only with it on). ``fault_status_body``, when
+    set on ``app.state``, is answered instead (a hostile server)."""
+
+    @app.get("/fault_tolerance/status")
+    async def fault_tolerance_status() -> Response:
+        hostile = getattr(app.state, "fault_status_body", None)
+        if hostile is not None:
+            return Response(hostile, media_type="application/json")
+        statuses = getattr(getattr(engine_client, "engine_core", None), "_engine_status", None)
+        if not statuses:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        doc = {
+            "schema_version": 1,
+            "total_engines": len(statuses),
+            "engines": list(statuses.values()),
+        }
+        return JSONResponse(doc)
+
+
 async def start_plugin_app(
     engine_client: Any,
     *,
@@ -179,6 +202,7 @@ async def start_plugin_app(
 ) -> PluginApp:
     """vLLM's order: ``attach_router``, ``init_state`` (must not raise), then uvicorn."""
     app = FastAPI()
+    add_fault_tolerance_route(app, engine_client)
     plugin = plugin if plugin is not None else DpExporterPlugin()
     plugin.attach_router(app)
     await plugin.init_state(engine_client, app.state, args or Namespace())

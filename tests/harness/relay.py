@@ -22,8 +22,9 @@ from exporter.client.transport.relay import RelayTransport
 from exporter.config.settings import ServeConfig
 from exporter.control.attach import build_fleet
 from exporter.metrics.stats import Stats
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import Any
 
 from exporter.base.ports import free_listen_port, free_port_range
 from exporter.config.settings import ServeConfig
-from exporter.sim.engine import SimEngine, SimOptions, SimReply
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions, SimReply
 from tests.harness.service import Service, serve_config, start_service
 from tests.harness.waiting import eventually
 

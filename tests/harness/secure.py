@@ -12,7 +12,7 @@ from typing import Any
 import zmq.asyncio
 
 from exporter.config.settings import ServeConfig
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService, start_service
 from tests.harness.service import WAIT_S, RecordingSimEngine, make_config
 from tests.harness.waiting import eventually

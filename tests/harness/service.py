@@ -23,8 +23,9 @@ from exporter.base.ports import free_listen_port
 from exporter.client.engine_core import EngineCoreClient
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
-from exporter.sim.engine import SimEngine, SimOptions, SimReply
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions, SimReply
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.app import ADMIN_URL_KEY, create_app
 from exporter.web.httpguard import guarded_runner

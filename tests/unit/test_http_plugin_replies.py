@@ -15,7 +15,9 @@ from exporter.client.http_plugin import (
     gate_engines,
     gate_outcomes,
     is_plugin_url,
+    server_root,
 )
+from exporter.client.http_replies import fault_entries, worst_fault_status
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.strings import MAX_ENGINE_STRING
 
@@ -123,3 +125,35 @@ def test_at_most_1024_engines_are_believed() -> None:
     ranks = gate_engines(200, body)
     assert ranks is not None and len(ranks) == 1024
     assert engine_label("a", "7") == "a/7"
+
+
+@pytest.mark.parametrize(
+    ("url", "root"),
+    [
+        ("http://10.0.0.5:8000/dp", "http://10.0.0.5:8000"),
+        ("http://10.0.0.5:8000/dp/", "http://10.0.0.5:8000"),
+        ("http://h:8000/prefix/dp", "http://h:8000/prefix"),
+        ("https://[::1]:8443/dp", "https://[::1]:8443"),
+    ],
+)
+def test_a_plugin_target_s_fault_status_is_asked_at_its_server_s_root(url: str, root: str) -> None:
+    assert is_plugin_url(url) and server_root(url) == root
+
+
+def test_fault_entries_are_per_rank_and_the_worst_is_the_server_s() -> None:
+    body = json.dumps(
+        {
+            "engines": [
+                {"id": 2, "status": "dead", "fault_info": "gone"},
+                {"id": 0, "status": "healthy"},
+                {"id": 1, "status": "unhealthy"},
+            ]
+        }
+    ).encode()
+    ranks = fault_entries(body)
+    assert ranks == [(0, "healthy", None), (1, "unhealthy", None), (2, "dead", "gone")]
+    assert worst_fault_status(ranks) == ("dead", "rank 1: unhealthy; rank 2: gone")
+    assert worst_fault_status([]) is None
+    twice = {"engines": [{"id": 0, "status": "healthy"}, {"id": 0, "status": "dead"}]}
+    with pytest.raises(ValueError, match="twice"):
+        fault_entries(json.dumps(twice).encode())

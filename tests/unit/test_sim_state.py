@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from exporter.protocol.utility import PAUSE_MODES
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import (
     ALL_TAGS,
     PARAMETER_NAMES,

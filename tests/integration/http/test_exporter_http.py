@@ -14,7 +14,8 @@ import pytest
 from exporter.base.ports import free_listen_port
 from exporter.client.http_replies import DEV_MODE_OFF
 from exporter.metrics.catalog import METRICS
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import HOST, StartApi, http_config
 from tests.harness.service import Service, ServiceFactory
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import FAULT_STATUS
-from exporter.client.http import BAD_FT_ANSWER, HttpFleetClient
+from exporter.client.http import HttpFleetClient
+from exporter.client.http_fault import BAD_FT_ANSWER
 from exporter.client.http_replies import MAX_FT_ANSWER
 from exporter.control.attach import parse_targets
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING

@@ -17,7 +17,7 @@ from exporter.control.parsing import parse_reset
 from exporter.control.verdicts import classify
 from exporter.error import ConfigError, MethodNotAllowed
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import HOST, StartApi, http_config
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import MAX_ENGINE_STRING, is_cut
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import HOST, ApiServers, http_config
 from tests.harness.scrape import parse_metrics, samples
 from tests.harness.service import Service, start_service

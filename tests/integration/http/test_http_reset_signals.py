@@ -5,7 +5,7 @@ is an empty list and ``/status`` says ``null``."""
 
 from __future__ import annotations
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import StartApi, http_config
 from tests.harness.scrape import metric_value
 from tests.harness.service import ServiceFactory

@@ -20,7 +20,7 @@ from exporter.client.http_replies import (
 from exporter.client.http_routes import Route, route
 from exporter.control.attach import parse_targets
 from exporter.error import MethodNotAllowed
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import PARAMETER_NAMES
 from tests.harness.apiservers import StartApi
 

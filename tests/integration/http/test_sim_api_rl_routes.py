@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import PARAMETER_NAMES
 from tests.harness.apiservers import StartApi
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from exporter.sim.api_routes import ENGINE_DEAD_MESSAGE
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import StartApi
 
 

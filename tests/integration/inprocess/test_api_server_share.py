@@ -24,7 +24,7 @@ import pytest
 
 from exporter.embed.shared import ProcessShare
 from exporter.embed.vllm_facts import ApiServer
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.plugin_app import (
     TOKEN,
     WAIT_S,

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from exporter.sim.engine import SimReply
+from exporter.sim.options import SimReply
 from exporter.web.app import RunningService
 from tests.harness.inprocess import (
     ADMIN_TOKEN,

@@ -6,12 +6,13 @@ real ZMQ behind a simulated ``AsyncLLM``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
 import pytest
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService, start_service
 from tests.harness.plugin_app import PluginApps
 from tests.harness.scrape import metric_value, parse_metrics
@@ -126,5 +127,107 @@ async def test_a_server_without_the_plugin_or_down_is_one_engine_that_says_why(
         assert [o["outcome"] for o in outcomes] == ["disconnected", "disconnected"]
         assert "stopped" in outcomes[0]["error"]
         assert "cannot connect" in outcomes[1]["error"]
+    finally:
+        await service.stop()
+
+
+async def fault_view(service: RunningService) -> tuple[dict[str, Any], dict[str, float], Any]:
+    """Each engine's ``fault_tolerance`` in /status, the status series, the healthy gate."""
+    _, doc = await get_json(service.url + "/status")
+    family = parse_metrics(await scrape(service)).get("vllm_dp_engine_fault_tolerance_status")
+    samples = family.samples if family is not None else []
+    series = {f"{s.labels['engine']}:{s.labels['status']}": s.value for s in samples}
+    gate = await get_json(service.url + "/gate?healthy=true")
+    return {e["engine"]: e["fault_tolerance"] for e in doc["engines"]}, series, gate
+
+
+def statuses(service: RunningService) -> dict[str, str | None]:
+    """Each engine's fault status in the last poll's snapshot (None: none reported)."""
+    return {
+        e.engine: None if e.detail.fault_status is None else e.detail.fault_status.status
+        for e in service.exporter.poller.snapshot.engines
+    }
+
+
+@pytest.mark.parametrize("faulty", [0, 1, 2], ids=["first", "middle", "last"])
+async def test_each_rank_behind_a_plugin_server_has_its_own_fault_status(
+    plugin_apps: PluginApps, faulty: int
+) -> None:
+    """vLLM's own ``GET /fault_tolerance/status`` at the server's root names every rank: each
+    becomes that engine's status (not the worst of the server), and the gate names that rank."""
+    app = await plugin_apps(3)
+    assert app.fleet is not None
+    app.fleet.core.enable_fault_tolerance()
+    app.fleet.core.set_engine_status(faulty, "unhealthy", "RuntimeError: rank lost its GPU")
+    service = await sidecar(a=app.url)
+    labels = [f"a/{i}" for i in range(3)]
+    expected = {label: "unhealthy" if i == faulty else "healthy" for i, label in enumerate(labels)}
+    try:
+        await eventually(lambda: statuses(service) == expected, 10, "every rank's fault status")
+        entries, series, (status, body) = await fault_view(service)
+        for label, want in expected.items():
+            assert entries[label]["status"] == want, entries
+            assert series[f"{label}:{want}"] == 1.0
+        assert entries[labels[faulty]]["fault_info"] == "RuntimeError: rank lost its GPU"
+        assert status == 412 and body["failing_engines"] == [labels[faulty]], body
+        # The rank recovers: the next poll says so, and the gate opens.
+        app.fleet.core.set_engine_status(faulty, "healthy")
+        await eventually(
+            lambda: set(statuses(service).values()) == {"healthy"}, 10, "the rank healthy again"
+        )
+        assert (await fault_view(service))[2][0] == 200
+    finally:
+        await service.stop()
+
+
+async def two_more_polls(service: RunningService) -> None:
+    poller = service.exporter.poller
+    target = poller.snapshot.poll_number + 2
+    await eventually(lambda: poller.snapshot.poll_number >= target, 10, "two more polls")
+
+
+HOSTILE_FT_ANSWERS = {
+    "a rank the gate never named": ({"engines": [{"id": 999, "status": "dead"}]}, False),
+    "a rank twice": (
+        {"engines": [{"id": 0, "status": "healthy"}, {"id": 0, "status": "dead"}]},
+        True,
+    ),
+    "a bad entry": ({"engines": [{"id": 1, "status": "dead"}, {"id": "0"}]}, True),
+    "not JSON": (b"\x00not json", True),
+}
+
+
+async def test_a_plugin_server_without_fault_tolerance_or_lying_about_it(
+    plugin_apps: PluginApps,
+) -> None:
+    """Fault tolerance off (404): no status, the gate open. A hostile answer (a rank the server's
+    gate never named, a rank twice, a bad entry, garbage) adds no engine and changes nothing; a
+    malformed one is counted."""
+    app = await plugin_apps(2)
+    assert app.fleet is not None
+    service = await sidecar(a=app.url)
+    exporter = service.exporter
+    try:
+        await eventually(lambda: exporter.poller.snapshot.poll_number >= 2, 10, "two polls")
+        entries, series, (status, _) = await fault_view(service)
+        assert entries == {"a/0": None, "a/1": None} and series == {} and status == 200
+        # Turned on: the sidecar asks again (a 404 is remembered until the server reconnects,
+        # or for FT_RECHECK_S): restart the sidecar rather than wait minutes.
+        await service.stop()
+        app.fleet.core.enable_fault_tolerance()
+        service = await sidecar(a=app.url)
+        exporter = service.exporter
+        healthy = {"a/0": "healthy", "a/1": "healthy"}
+        await eventually(lambda: statuses(service) == healthy, 10, "both ranks healthy")
+        for name, (answer, malformed) in HOSTILE_FT_ANSWERS.items():
+            counted = exporter.faults.counts.get("bad_fault_tolerance_status", 0)
+            body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+            app.app.state.fault_status_body = body
+            await two_more_polls(service)
+            assert exporter.client.engine_labels == ["a/0", "a/1"], name
+            assert statuses(service) == healthy, name
+            assert (await fault_view(service))[2][0] == 200, name
+            after = exporter.faults.counts.get("bad_fault_tolerance_status", 0)
+            assert (after > counted) is malformed, name
     finally:
         await service.stop()

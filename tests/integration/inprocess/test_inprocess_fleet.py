@@ -12,7 +12,7 @@ import pytest
 from exporter.client.fleet import READ_METHODS, EngineOutcome, Outcome
 from exporter.client.inprocess import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
 from exporter.error import MethodNotAllowed
-from exporter.sim.engine import SimOptions, SimReply
+from exporter.sim.options import SimOptions, SimReply
 from exporter.sim.vllm_client import EngineDeadError
 from tests.harness.inprocess import SimVllm, SimVllmFactory
 from tests.harness.waiting import eventually

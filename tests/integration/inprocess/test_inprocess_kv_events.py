@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.inprocess import EmbeddedExporters, SimVllmFactory, fresh_poll
 from tests.harness.plugin_app import PluginApps
 from tests.harness.statusschema import validate_status

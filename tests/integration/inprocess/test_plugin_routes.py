@@ -27,7 +27,7 @@ from exporter.control.actions import ACTIONS
 from exporter.embed.plugin import DpExporterPlugin
 from exporter.embed.routes import NO_TOKEN
 from exporter.fleetstate.invariants import INVARIANTS
-from exporter.sim.engine import RequestHook, SimOptions, SimReply
+from exporter.sim.options import RequestHook, SimOptions, SimReply
 from tests.harness.plugin_app import (
     TOKEN,
     VLLM_MARKER,

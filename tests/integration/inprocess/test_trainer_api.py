@@ -20,7 +20,7 @@ from exporter.base.ports import free_listen_port
 from exporter.embed import start_exporter
 from exporter.embed.vllm_facts import check_loop
 from exporter.error import ConfigError
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService, StartupError
 from tests.harness.inprocess import (
     ADMIN_TOKEN,

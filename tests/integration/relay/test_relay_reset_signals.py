@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from exporter.sim.engine import SimOptions
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions
 from tests.harness.scrape import metric_value
 from tests.harness.service import Service, relay_service
 from tests.harness.statusschema import validate_status

@@ -17,7 +17,8 @@ from exporter.client.transport.links import Phase
 from exporter.control.runtime import Exporter
 from exporter.protocol import decode_handshake_message, encode_init
 from exporter.protocol.relay import append_client_slot, strip_client_slot
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
+from exporter.sim.options import SimOptions
 from tests.harness.relay import MakeHarness, RelayHarness, cross_talk
 from tests.harness.waiting import eventually
 from tests.harness.wire import vector

@@ -24,7 +24,7 @@ from exporter.remote import (
     Secret,
     Unsupported,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.service import Service, ServiceFactory
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from exporter.remote import BadRequest, Client, GateResult, Progress, Status, WaitTimeout
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.service import ServiceFactory
 

@@ -18,7 +18,7 @@ from exporter.remote import (
     SyncClient,
     WaitTimeout,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.service import ServiceFactory
 
 TOKEN = "sync-token-7d8e9f0a1b2c"

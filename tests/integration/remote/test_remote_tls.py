@@ -24,7 +24,7 @@ from exporter.remote import (
     Secret,
     Unreachable,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import ROOT, python_cmd
 from tests.harness.secure import SecureFleet, SecureFleets
 from tests.harness.tls import PASSWORD, USER, Pki, write_web_config

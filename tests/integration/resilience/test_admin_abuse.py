@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.web.admin import MAX_ADMIN_BODY, RESET_PATH
 from exporter.web.admin_guard import AuthThrottle, IdempotencyStore, Replay, source_key
 from tests.harness.service import Service, ServiceFactory

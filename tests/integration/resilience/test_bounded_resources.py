@@ -12,7 +12,8 @@ import zmq.asyncio
 from exporter.client.engine_core import EngineCoreClient
 from exporter.control.runtime import Exporter
 from exporter.metrics.stats import histogram_rows
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
+from exporter.sim.options import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.service import make_config, start_service
 from tests.harness.waiting import eventually

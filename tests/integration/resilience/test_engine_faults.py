@@ -8,7 +8,7 @@ import time
 import pytest
 
 from exporter.client.fleet import Outcome
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.scrape import metric_value as metric
 from tests.harness.service import ServiceFactory

@@ -15,8 +15,9 @@ import pytest
 
 from exporter.base.ports import free_listen_port
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING, is_cut
-from exporter.sim.engine import SimEngine, SimOptions, SimReply
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions, SimReply
 from tests.harness.scrape import parse_metrics, samples
 from tests.harness.service import Service, serve_config, start_service
 from tests.harness.waiting import eventually

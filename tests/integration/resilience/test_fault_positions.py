@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import ApiServers
 from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.service import Service, serve_config, start_service

@@ -23,7 +23,7 @@ from exporter.protocol import (
     engine_identity,
     registration_map,
 )
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.rawengine import RawEngine
 from tests.harness.scrape import metric_value as metric
 from tests.harness.service import Service, ServiceFactory

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, RESET_PATH, create_admin_app
 from exporter.web.httpguard import guarded_runner
 from tests.harness.processes import ROOT

@@ -22,7 +22,7 @@ import pytest
 
 from exporter.base.ports import free_listen_port, free_port_range
 from exporter.error import ConfigError
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import PYTHON, ROOT, clean_env, run_cli, terminate
 from tests.harness.scrape import metric_value
 from tests.harness.service import (

@@ -23,7 +23,7 @@ from exporter.protocol import (
     registration_map,
 )
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.rawengine import RawEngine
 from tests.harness.scrape import metric_value as metric

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.scrape import metric_value
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.waiting import eventually

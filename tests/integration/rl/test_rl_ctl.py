@@ -19,7 +19,7 @@ from aiohttp import web
 from exporter.base.ports import free_listen_port
 from exporter.commands.ctl import add_ctl_arguments, format_action, run_ctl
 from exporter.commands.ctl.wait import format_failing
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import run_cli
 from tests.harness.service import Service, ServiceFactory
 

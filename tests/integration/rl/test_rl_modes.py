@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
+from exporter.sim.options import SimOptions
 from tests.harness.apiservers import ApiServers, http_config
 from tests.harness.service import Service, Services, serve_config
 from tests.harness.waiting import eventually

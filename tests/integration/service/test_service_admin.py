@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.scrape import metric_value as value
 from tests.harness.service import CALL_TIMEOUT, ServiceFactory
 from tests.harness.waiting import eventually

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gzip
 
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.scrape import metric_value as value
 from tests.harness.scrape import samples

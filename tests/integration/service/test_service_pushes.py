@@ -24,7 +24,7 @@ from exporter.protocol.pushes import (
     encode_ft_status_value,
 )
 from exporter.protocol.utility import encode_utility_reply
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.scrape import Families, metric_value
 from tests.harness.service import RecordingSimEngine, Service, ServiceFactory, relay_service
 from tests.harness.statusschema import validate_status

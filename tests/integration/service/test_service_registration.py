@@ -20,7 +20,7 @@ import pytest
 from exporter.client.fleet import REGISTRATION_KEYS
 from exporter.metrics.catalog import INFO_FACTS
 from exporter.protocol.handshake import LEGACY_REGISTRATION_KEYS, MAX_REGISTRATION_STRING
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig
 from tests.harness.scrape import Families
 from tests.harness.service import Service, ServiceFactory

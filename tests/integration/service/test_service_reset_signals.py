@@ -12,7 +12,7 @@ import pytest
 
 from exporter.base.ports import free_listen_port
 from exporter.protocol.kv_events import MAX_ENDPOINT
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.scrape import Families, metric_value
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.statusschema import validate_status

@@ -12,7 +12,8 @@ import zmq.asyncio
 
 from exporter.base.faults import MAX_UNEXPECTED
 from exporter.protocol import HELLO, encode_handshake_message
-from exporter.sim.engine import SimEngine, SimOptions
+from exporter.sim.engine import SimEngine
+from exporter.sim.options import SimOptions
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.statusschema import validate_status
 from tests.harness.waiting import eventually

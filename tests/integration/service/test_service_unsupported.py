@@ -16,7 +16,7 @@ import pytest
 from multidict import CIMultiDictProxy
 
 from exporter.remote import Client, PartialFailure, Unsupported
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.processes import run_cli
 from tests.harness.scrape import metric_value as value
 from tests.harness.service import Service, ServiceFactory

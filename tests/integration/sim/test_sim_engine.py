@@ -18,9 +18,9 @@ from exporter.sim.engine import (
     COORDINATED_DP_SIZE,
     PARALLEL_CONFIG_HASH,
     SimEngine,
-    SimOptions,
     SimStartupError,
 )
+from exporter.sim.options import SimOptions
 from exporter.sim.state import PARAMETER_NAMES
 from tests.harness.stockclient import StockClient
 from tests.harness.wire import loopback_address

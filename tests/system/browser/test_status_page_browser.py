@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.fleetstate.history import FleetHistory
-from exporter.sim.engine import SimOptions
+from exporter.sim.options import SimOptions
 from tests.harness.browser import Dom, descendants, dump_dom, find_chromium, screenshot
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.statusschema import validate_status

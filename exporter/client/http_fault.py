@@ -1,0 +1,111 @@
+"""HTTP mode's fault-tolerance read: vLLM 0.33's ``GET /fault_tolerance/status`` per target.
+
+Asked beside each fan-out's ``is_sleeping`` (once per poll and per gate sample), through a
+connection pool of its own kept open from poll to poll, so the dev routes' pool stays theirs.
+A plain target is one engine to the exporter and gets the worst of its ranks; a plugin-enabled
+target (URL ending in ``/dp``) is asked at its server's root, where vLLM serves the route, and
+each of its ranks gets its own status (``<target>/<rank>``, only the ranks its ``/dp/gate``
+named).
+A server without the route (404/405: fault tolerance off, or an older vLLM) is asked again
+after it was unreachable, or after ``FT_RECHECK_S``; a malformed answer changes nothing and is
+counted (``BAD_FT_ANSWER``). Nothing here raises into a poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.http_plugin import engine_label
+from exporter.client.http_replies import MAX_FT_ANSWER, fault_entries, worst_fault_status
+from exporter.client.http_routes import Retryable, Route, exchange
+from exporter.client.pushes import PushBook
+
+log = logging.getLogger("exporter.http")
+
+FT_ROUTE = Route("GET", "/fault_tolerance/status")
+#: A server that answered 404/405 there is asked again after this long (or a reconnection).
+FT_RECHECK_S = 300.0
+BAD_FT_ANSWER = "bad_fault_tolerance_status"
+
+
+@dataclass(slots=True)
+class FaultRead:
+    """One target's read: where vLLM serves the route, whether its ranks are engines of their
+    own, the request in flight, and when the server last said it has no such route."""
+
+    label: str
+    server_url: str
+    per_rank: bool
+    task: asyncio.Task[None] | None = None
+    missing_at: float | None = None
+
+    def reconnected(self) -> None:
+        """The server was unreachable: it may come back as another vLLM; ask again."""
+        self.missing_at = None
+
+
+class FaultStatusReader:
+    """Every target's ``FaultRead``, recorded in ``pushes`` (so ``since_unix`` holds)."""
+
+    def __init__(
+        self,
+        pushes: PushBook,
+        faults: ProtocolErrorTally,
+        session: Callable[[], aiohttp.ClientSession],
+        background: set[asyncio.Task[None]],
+    ) -> None:
+        self._pushes = pushes
+        self._faults = faults
+        self._session = session
+        self._background = background
+
+    def refresh(
+        self, read: FaultRead, labels: list[str], timeout_s: float
+    ) -> asyncio.Task[None] | None:
+        """This fan-out's read of ``read``'s target (the one still running, if any); None while
+        the server is known to lack the route. ``labels``: the target's engines now."""
+        if read.task is not None and not read.task.done():
+            return read.task
+        if read.missing_at is not None and time.monotonic() - read.missing_at < FT_RECHECK_S:
+            return None
+        task = read.task = asyncio.create_task(self._fetch(read, labels, timeout_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _fetch(self, read: FaultRead, labels: list[str], timeout_s: float) -> None:
+        try:
+            request = exchange(self._session(), read.server_url, FT_ROUTE, MAX_FT_ANSWER)
+            reply = await asyncio.wait_for(request, timeout_s)
+        except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return  # unreachable or slow: the dev routes' outcomes say so; the status stays
+        if reply.status in (404, 405):
+            read.missing_at = time.monotonic()
+            for label in labels:
+                self._pushes.forget(label)
+            return
+        if reply.status != 200:
+            log.debug("target %s: HTTP %d from %s", read.label, reply.status, FT_ROUTE.path)
+            return
+        try:
+            ranks = fault_entries(reply.body)
+        except ValueError as exc:
+            self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {exc}")
+            return
+        if not read.per_rank:
+            found = worst_fault_status(ranks)
+            if found is not None:
+                self._pushes.set_fault_status(read.label, *found)
+            return
+        known = set(labels)  # ranks the server's gate named: a hostile answer adds no engine
+        for rank, status, info in ranks:
+            label = engine_label(read.label, str(rank))
+            if label in known:
+                self._pushes.set_fault_status(label, status, info)

@@ -1,0 +1,86 @@
+"""What a simulated engine is told: its state and faults (``SimOptions``) and how a test may
+answer a request in its place (``RequestHook``, ``SimReply``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.sim.state import EngineState
+
+
+@dataclass(frozen=True)
+class SimReply:
+    """An answer a :data:`RequestHook` gives instead of the engine's state machine: ``value``
+    (a success) or, when ``failure`` is set, a failed utility call with that text."""
+
+    value: Any = None
+    failure: str | None = None
+
+
+#: ``hook(client_index, call_id, method, args)``, called with every utility request the engine
+#: is about to answer, before its state machine runs it: ``None`` lets the state machine answer,
+#: a :class:`SimReply` is sent instead (the state is then left as it was).
+RequestHook = Callable[[int, int, str, list[Any]], SimReply | None]
+
+
+@dataclass
+class SimOptions:
+    """State and faults of one simulated engine.
+
+    ``sleeping``, ``paused``, ``refuse_reset``, ``drain_s``, ``supports_pause_query``,
+    ``weight_version``, ``tp_size``, ``corrupt_param``, ``ignore_state_changes`` and
+    ``missing_methods`` seed its :class:`EngineState` once (change ``engine.state`` later on);
+    the wire-side faults (``hang``, ``reply_delay_s``, ``dead_after_calls``, ...) are read live.
+    """
+
+    sleeping: bool = False
+    paused: bool = False
+    refuse_reset: bool = False
+    reply_delay_s: float = 0.0
+    hang: bool = False  # read requests, never answer
+    dead_after_calls: int | None = None  # ENGINE_CORE_DEAD after N utility calls, then exit
+    exit_after_calls: int | None = None  # silent exit after N utility calls
+    shutdown_window_s: float = 0.0  # after stop(): answer "Server shutting down" this long
+    drain_s: float = 0.0  # in-flight work that sleep(level, "wait") waits for
+    supports_pause_query: bool = True  # False: no is_scheduler_paused (older vLLM)
+    vllm_version: str = "0.33.0"
+    enable_sleep_mode: bool = True
+    handshake_timeout_s: float = 300.0
+    story_period_s: float | None = None  # run the demo story (exporter.sim.story)
+    story_offset: int = 0
+    story_count: int = 1
+    #: A MoE / coordinated DP engine: its registration reports data_parallel_size
+    #: COORDINATED_DP_SIZE and its READY carries "parallel_config_hash".
+    coordinated_dp: bool = False
+    weight_version: str | None = None  # get_weight_version's answer until one is set
+    tp_size: int = 1  # workers per engine (one checksum map each)
+    corrupt_param: str | None = None  # compute_weight_checksums: this parameter differs
+    #: sleep, wake_up, pause/resume_scheduler and set_weight_version succeed but change nothing.
+    ignore_state_changes: bool = False
+    #: Methods this engine lacks: "'EngineCoreProc' object has no attribute '<method>'".
+    missing_methods: frozenset[str] = frozenset()
+    #: ``--kv-events-config`` as vLLM takes it: the registration then carries the publisher a
+    #: vLLM engine at this DP rank reports (``publisher_config``; the sim binds no socket).
+    kv_events: dict[str, Any] | None = None
+    #: Registration keys sent as given instead (an older or a hostile engine's values).
+    registration_extra: dict[str, Any] | None = None
+    #: Only these registration keys are sent (``LEGACY_REGISTRATION_KEYS``: vLLM 0.20's three).
+    registration_keys: tuple[str, ...] | None = None
+
+    def initial_state(self, dp_rank: int = 0) -> EngineState:
+        """A fresh state machine as these options describe it, at DP rank ``dp_rank``."""
+        return EngineState.initial(
+            sleeping=self.sleeping,
+            paused=self.paused,
+            refuse_reset=self.refuse_reset,
+            drain_s=self.drain_s,
+            supports_pause_query=self.supports_pause_query,
+            weight_version=self.weight_version,
+            dp_rank=dp_rank,
+            tp_size=self.tp_size,
+            corrupt_param=self.corrupt_param,
+            ignore_state_changes=self.ignore_state_changes,
+            missing_methods=frozenset(self.missing_methods),
+        )
