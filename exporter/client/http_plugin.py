@@ -7,7 +7,8 @@ read methods) answers every engine's ``sleeping``, ``paused`` and ``weight_versi
 engine becomes one engine of this exporter, labelled ``<target>/<rank>`` — so one sidecar can
 watch many plugin-enabled servers with per-engine truth. Admin actions are not relayed to such a
 target (each server runs them per engine on its own ``POST /dp/admin/<action>``): their
-outcome is ``failed`` with that hint, and nothing is sent.
+outcome is ``failed`` with that hint, and nothing is sent. Each rank's fault-tolerance status
+comes from vLLM's own route at the server's root (``server_root``; ``exporter.client.http_fault``).
 
 Pure functions: the client in ``exporter.client.http`` does the requests.
 """
