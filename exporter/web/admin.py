@@ -155,6 +155,11 @@ class AdminController:
             self._rate_limit,
         )
 
+    @property
+    def basic_auth(self) -> BasicAuth | None:
+        """The web config's basic-auth checker of this listener (None: a token, or no users)."""
+        return self._basic
+
     # -- checks ----------------------------------------------------------------------------
 
     async def _auth_refusal(

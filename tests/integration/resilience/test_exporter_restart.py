@@ -29,7 +29,7 @@ async def test_case4_reattachable_engine_not_yet_connected_is_disconnected_at_on
     try:
         started = time.monotonic()
         outcomes = await svc.client.call_utility("is_sleeping", timeout_s=2.0)
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 1.5  # its timeout is 2 s: not waited for
         assert [o.outcome for o in outcomes] == [Outcome.DISCONNECTED] * 2
         assert svc.client.pending_count == 0
     finally:
