@@ -41,7 +41,7 @@ from e2e.inprocess import (
     write_token,
 )
 from e2e.procs import ProcessGroup
-from e2e.traffic import LongGeneration, complete, start_long_generations
+from e2e.traffic import LongGeneration, complete, paused_keeping_requests, start_long_generations
 from e2e.vllm_features import ENDPOINT_PLUGIN_OVERRIDES, ENDPOINT_PLUGINS
 from e2e.vllm_runtime import VllmRuntime
 
@@ -162,17 +162,10 @@ def reset_while_generating(served: PluginServer) -> tuple[web.Reply, LongGenerat
     """One long streamed generation (vLLM's load balancer puts it on one engine), vLLM paused
     with ``mode=keep&clear_cache=false`` so the running request keeps its KV blocks however
     fast this CPU generates (e2e/test_relay.py, scenario 4), the plugin's reset, resume."""
-    api = served.api_url
-    (gen,) = start_long_generations(api, 1, LONG_TOKENS)
-    paused = web.post(f"{api}/pause?mode=keep&clear_cache=false", timeout_s=60)
-    assert paused.status == 200, paused.body
-    try:
+    (gen,) = start_long_generations(served.api_url, 1, LONG_TOKENS)
+    with paused_keeping_requests(served.api_url, served.endpoint.status):
         reply = served.endpoint.reset()
         assert not gen.finished.is_set(), "the generation ended before the reset"
-    finally:
-        # Resumed, the generation streams at once: the busy server may answer late.
-        resumed = web.post(f"{api}/resume", timeout_s=60)
-    assert resumed.status == 200, resumed.body
     return reply, gen
 
 

@@ -6,7 +6,6 @@ port; the exporter has its own client slot on both engines. Started once for the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,12 @@ from e2e import web
 from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
 from e2e.ports import free_port, free_port_range
 from e2e.procs import Managed, ProcessGroup
-from e2e.traffic import LongGeneration, complete, start_long_generations
+from e2e.traffic import (
+    LongGeneration,
+    complete,
+    paused_keeping_requests,
+    start_long_generations,
+)
 from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
 
 pytestmark = pytest.mark.timeout(900)
@@ -36,8 +40,6 @@ PROMPT = "w1 w2 w3 w4"
 LONG_TOKENS = 4000
 GENERATIONS = 12
 RESET_ATTEMPTS = 3
-#: How long the front end's /pause may take to land on the engines (and to answer).
-PAUSE_WAIT_S = 150.0
 KV_TOPIC = "kv-e2e"
 KV_EVENTS_CONFIG = json.dumps(
     {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0", "topic": KV_TOPIC}
@@ -204,22 +206,9 @@ def _refused_while_paused(
     }
     gens = start_long_generations(api, GENERATIONS, LONG_TOKENS, allow_ended=True, wait_all=False)
     # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
-    # generates, so the refusals below cannot race the end of the generations. The front end
-    # may take the pause late on this busy machine (once, 66 s after it was sent): the
-    # exporter's own slot sees each engine's scheduler paused, whenever /pause answers.
-    pool = ThreadPoolExecutor(1)
-    pause = pool.submit(
-        web.post, f"{api}/pause?mode=keep&clear_cache=false", timeout_s=PAUSE_WAIT_S
-    )
-    try:
-        web.wait_for(
-            lambda: pause.done() or all(v is True for v in _paused_states(exporter)),
-            PAUSE_WAIT_S,
-            "the front end's pause on every engine",
-        )
+    # generates, so the refusals below cannot race the end of the generations.
+    with paused_keeping_requests(api, exporter.status):
         paused_at = time.monotonic() - started
-        if pause.done():
-            assert pause.result().status == 200, pause.result().body
         # vLLM refuses a prefix-cache reset while running requests hold KV blocks: each engine
         # the front end's load balancer gave a generation refuses, the others confirm.
         refused = exporter.reset(reset_running_requests=False)
@@ -234,18 +223,6 @@ def _refused_while_paused(
             assert again["failed_engines"] == failed, (body, again)
             print("scenario 4: " + line + "; ".join(g.timeline(started) for g in gens))
             return gens, refused, counters
-    finally:
-        # Resumed only once the pause has landed (a late pause would undo an earlier resume
-        # and leave the engines paused for the next scenario). Resumed, the generations stream
-        # at once: the busy front end may answer late.
-        with contextlib.suppress(Exception):
-            pause.result(PAUSE_WAIT_S)
-        pool.shutdown(wait=False)
-        resumed = web.post(f"{api}/resume", timeout_s=60)
-        assert resumed.status == 200, resumed.body
-        web.wait_for(
-            lambda: all(v is False for v in _paused_states(exporter)), 30, "every engine resumed"
-        )
     # Both engines accepted: their generations had ended before the pause took hold. Not what
     # this test is about: wait for them, then again.
     assert refused.status == 200, body
@@ -253,12 +230,6 @@ def _refused_while_paused(
         gen.result(600)
     attempts.append(line + "; ".join(g.timeline(started) for g in gens))
     return None
-
-
-def _paused_states(exporter: ExporterProc) -> list[Any]:
-    """Each engine's ``is_scheduler_paused`` in the exporter's last poll (None: no answer)."""
-    engines = exporter.status()["engines"]
-    return [e["invariants"]["is_scheduler_paused"].get("value") for e in engines]
 
 
 @pytest.mark.vllm_needs("POST /pause", "POST /resume")

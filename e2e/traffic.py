@@ -3,10 +3,13 @@ while the exporter polls and resets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from e2e import web
@@ -142,3 +145,47 @@ def start_long_generations(
                 f"finish reason {gen.finish_reason!r}"
             )
     return gens
+
+
+#: How long vLLM's ``POST /pause`` may take to land on the engines (and to answer): on this
+#: 2-core machine a front end whose generations wait for a slot took it once 66 s late.
+PAUSE_WAIT_S = 150.0
+
+
+def paused_states(status: dict[str, Any]) -> list[Any]:
+    """Each engine's ``is_scheduler_paused`` in an exporter's /status (None: no answer)."""
+    return [e["invariants"]["is_scheduler_paused"].get("value") for e in status["engines"]]
+
+
+@contextlib.contextmanager
+def paused_keeping_requests(api_url: str, status: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    """vLLM's front end paused with ``mode=keep&clear_cache=false`` (running requests and their
+    KV blocks kept) for the ``with`` block, then resumed.
+
+    The pause may land late, so ``POST /pause`` runs in the background and the block starts
+    once the exporter (``status``: its /status) sees every engine's scheduler paused, or the
+    pause answers. The resume is sent only after the pause answered (a late pause would undo
+    an earlier resume and leave the engines paused), then every engine is seen running again.
+    """
+    pool = ThreadPoolExecutor(1)
+    url = f"{api_url}/pause?mode=keep&clear_cache=false"
+    pause = pool.submit(web.post, url, timeout_s=PAUSE_WAIT_S)
+    try:
+        web.wait_for(
+            lambda: pause.done() or all(v is True for v in paused_states(status())),
+            PAUSE_WAIT_S,
+            "the front end's pause on every engine",
+        )
+        if pause.done():
+            assert pause.result().status == 200, pause.result().body
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            pause.result(PAUSE_WAIT_S)
+        pool.shutdown(wait=False)
+        # Resumed, the generations stream at once: the busy front end may answer late.
+        resumed = web.post(f"{api_url}/resume", timeout_s=60)
+        assert resumed.status == 200, resumed.body
+        web.wait_for(
+            lambda: all(v is False for v in paused_states(status())), 30, "every engine resumed"
+        )
