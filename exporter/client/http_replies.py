@@ -30,7 +30,8 @@ import re
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.protocol.pushes import FT_FAULTY, FT_STATUSES, MAX_FAULT_INFO
+from exporter.error import ProtocolError
+from exporter.protocol.pushes import FT_FAULTY, FT_STATUSES, MAX_FAULT_INFO, decode_ft_entry
 from exporter.protocol.strings import bound_text, bound_value
 
 DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
@@ -219,7 +220,10 @@ def fault_entries(body: bytes) -> list[tuple[int, str, str | None]]:
     entries = doc.get("engines") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or len(entries) > MAX_FT_RANKS:
         raise ValueError("answer has no list of at most 1024 engines")
-    ranks = sorted((fault_entry(entry) for entry in entries), key=lambda e: e[0])
+    try:
+        ranks = sorted((decode_ft_entry(entry) for entry in entries), key=lambda e: e[0])
+    except ProtocolError as exc:
+        raise ValueError(str(exc).removeprefix(f"{exc.kind}: ")) from None
     if len({rank for rank, _, _ in ranks}) != len(ranks):
         raise ValueError("answer names a rank twice")
     return ranks
@@ -235,25 +239,3 @@ def worst_fault_status(
     worst = max((status for _, status, _ in ranks), key=_FT_SEVERITY.__getitem__)
     faulty = [f"rank {r}: {info or s}" for r, s, info in ranks if s in FT_FAULTY]
     return worst, bound_text("; ".join(faulty), MAX_FAULT_INFO) if faulty else None
-
-
-def fault_entry(entry: Any) -> tuple[int, str, str | None]:
-    """(rank, status, fault_info cut, a failed recovery's error appended) of one entry of
-    ``engines`` (vLLM's ``_engine_status`` values: in-process mode reads them too)."""
-    if not isinstance(entry, dict):
-        raise ValueError("an engine entry is not an object")
-    rank, status, info, error = (entry.get(k) for k in ("id", "status", "fault_info", "ft_error"))
-    if not isinstance(status, str) or status not in _FT_SEVERITY or type(rank) is not int:
-        raise ValueError(f"bad engine entry: id {_kind(rank)}, status {_kind(status)}")
-    if not 0 <= rank < 0x10000:
-        raise ValueError(f"bad engine entry: id {rank}")
-    if not all(v is None or isinstance(v, str) for v in (info, error)):
-        raise ValueError(f"engine {rank}: fault_info or ft_error is not a string")
-    text = bound_text(info) if info else None
-    if error:
-        text = f"{text or status}, recovery failed: {bound_text(error, 128)}"
-    return rank, status, text
-
-
-def _kind(value: Any) -> str:
-    return bound_text(value, 32) if isinstance(value, str) else type(value).__name__

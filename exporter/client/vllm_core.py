@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.client.http_replies import fault_entry
 from exporter.error import ConfigError, ProtocolError
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
+from exporter.protocol.pushes import decode_ft_entry
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -162,8 +162,8 @@ class VllmCore:
         found = {}
         for rank, entry in items:
             try:
-                entry_rank, status, info = fault_entry(entry)
-            except Exception as exc:  # another shape (ValueError): never an error in vLLM
+                entry_rank, status, info = decode_ft_entry(entry)
+            except Exception as exc:  # another shape (ProtocolError): never an error in vLLM
                 log.debug("engine %r fault-tolerance status: %s", rank, exc)
                 continue
             if type(rank) is int and rank == entry_rank:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.error import ProtocolError
+from exporter.protocol.strings import bound_text
 
 EEP_NOTIFICATION_CALL_ID = -1
 FT_STATUS_CALL_ID = -2
@@ -61,22 +62,51 @@ def push_kind(call_id: int) -> str:
     return PUSH_OTHER
 
 
-def decode_ft_status(value: Any, engine_index: int) -> tuple[str, str | None]:
-    """(status, fault_info) of one sentinel push from ``engine_index``'s connection. A push
-    naming another engine, or of another shape, raises ``ProtocolError``."""
+def _ft_rank_status(value: Any) -> tuple[int, str]:
+    """(rank, status) of one status entry as vLLM builds it (the sentinel's push, and each value
+    of the front end's ``_engine_status``); another shape raises ``ProtocolError``."""
     if not isinstance(value, dict):
         raise ProtocolError("bad_push", "fault-tolerance status is not a map")
     rank, status = value.get("id"), value.get("status")
-    if type(rank) is not int or rank != engine_index:
-        raise ProtocolError(
-            "bad_push", f"fault-tolerance status for engine {rank!r} on engine {engine_index}"
-        )
+    if type(rank) is not int or not 0 <= rank < 0x10000:
+        raise ProtocolError("bad_push", f"fault-tolerance status for engine {_kind(rank)}")
     if status not in FT_STATUSES:
-        raise ProtocolError("bad_push", f"unknown fault-tolerance status {status!r}")
+        raise ProtocolError("bad_push", f"unknown fault-tolerance status {_kind(status)}")
+    return rank, status
+
+
+def decode_ft_status(value: Any, engine_index: int) -> tuple[str, str | None]:
+    """(status, fault_info) of one sentinel push from ``engine_index``'s connection. A push
+    naming another engine, or of another shape, raises ``ProtocolError``; a fault_info that is
+    not a string is shown as its repr (the status itself is what counts)."""
+    rank, status = _ft_rank_status(value)
+    if rank != engine_index:
+        raise ProtocolError(
+            "bad_push", f"fault-tolerance status for engine {rank} on engine {engine_index}"
+        )
     info = value.get("fault_info")
     if info is not None and not isinstance(info, str):
         info = repr(info)
     return status, info[:MAX_FAULT_INFO] if info is not None else None
+
+
+def decode_ft_entry(value: Any) -> tuple[int, str, str | None]:
+    """(rank, status, fault_info) of one entry of the front end's table (``_engine_status``,
+    in-process mode; ``GET /fault_tolerance/status``, HTTP mode): fault_info cut with the
+    marker, a failed recovery's ``ft_error`` appended. Another shape, or text that is not a
+    string, raises ``ProtocolError`` (the caller drops the entry or the whole answer)."""
+    rank, status = _ft_rank_status(value)
+    info, error = value.get("fault_info"), value.get("ft_error")
+    if not all(v is None or isinstance(v, str) for v in (info, error)):
+        raise ProtocolError("bad_push", f"engine {rank}: fault_info or ft_error is not a string")
+    text = bound_text(info) if info else None
+    if error:
+        text = f"{text or status}, recovery failed: {bound_text(error, 128)}"
+    return rank, status, text
+
+
+def _kind(value: Any) -> str:
+    return repr(bound_text(value, 32)) if isinstance(value, str) else type(value).__name__
 
 
 def decode_eep_notification(value: Any) -> tuple[str, int]:

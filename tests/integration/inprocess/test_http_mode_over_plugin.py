@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from exporter.client.http import HttpFleetClient
 from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService, start_service
 from tests.harness.plugin_app import PluginApps
@@ -225,6 +226,8 @@ async def test_a_plugin_server_without_fault_tolerance_or_lying_about_it(
             app.app.state.fault_status_body = body
             await two_more_polls(service)
             assert exporter.client.engine_labels == ["a/0", "a/1"], name
+            assert isinstance(exporter.client, HttpFleetClient)
+            assert set(exporter.client.pushes.fault_status) == set(healthy), name
             assert statuses(service) == healthy, name
             assert (await fault_view(service))[2][0] == 200, name
             after = exporter.faults.counts.get("bad_fault_tolerance_status", 0)
