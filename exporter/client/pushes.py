@@ -21,11 +21,11 @@ from exporter.protocol.pushes import (
     PUSH_EEP,
     PUSH_FT_STATUS,
     FaultStatus,
-    MembershipEvent,
     decode_eep_notification,
     decode_ft_status,
     push_kind,
 )
+from exporter.protocol.pushes import MembershipEvent as MembershipEvent  # for the layers above
 
 log = logging.getLogger("exporter.client")
 #: At most one log line per engine this often (a broken or hostile engine can push thousands a

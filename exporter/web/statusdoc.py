@@ -15,6 +15,7 @@ from typing import Any
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
+from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
@@ -121,7 +122,7 @@ def engine_json(
         "kv_events": kv_events_json(e.detail),
         "registration": registration_json(e.detail),
         "fault_tolerance": fault_tolerance_json(e.detail),
-        "membership_event": membership_json(e.detail),
+        "membership_event": membership_json(e.detail.membership),
         "pushes": dict(e.detail.pushes),
     }
 
@@ -140,8 +141,7 @@ def fault_tolerance_json(detail: EngineDetail) -> dict[str, Any] | None:
     return {"status": ft.status, "fault_info": ft.fault_info, "since_unix": ft.since_unix}
 
 
-def membership_json(detail: EngineDetail) -> dict[str, Any] | None:
-    m = detail.membership
+def membership_json(m: MembershipEvent | None) -> dict[str, Any] | None:
     if m is None:
         return None
     return {"event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
@@ -172,8 +172,8 @@ def last_membership_json(snap: FleetSnapshot) -> dict[str, Any] | None:
     events = [e.detail.membership for e in snap.engines if e.detail.membership is not None]
     if not events:
         return None
-    m = max(events, key=lambda event: event.received_unix)
-    return {"engine": m.engine, "event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
+    latest = max(events, key=lambda event: event.received_unix)
+    return {"engine": latest.engine, **(membership_json(latest) or {})}
 
 
 def last_action_json(last: LastAction | None) -> dict[str, Any] | None:
