@@ -59,7 +59,7 @@ class _Quiet:
     def on_output(self, engine_index: int, output: EngineOutput) -> bool:
         return False
 
-    def on_engine_up(self, engine_index: int) -> None:
+    def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
         pass
 
     def on_engine_down(self, engine_index: int, reason: str) -> None:

@@ -54,3 +54,19 @@ def free_port_range(count: int, host: str = "127.0.0.1") -> int:
         if base + count <= 65535 and all(_bindable(host, base + i) for i in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL names it: an IPv6 address in brackets (``[::1]``), anything else as it
+    is. Every URL the exporter prints or hands out is built with it."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind ``::1`` (tests and demos skip IPv6 where it cannot)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True

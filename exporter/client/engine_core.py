@@ -32,6 +32,7 @@ from exporter.client.pushes import PushBook
 from exporter.client.transport.events import LinkSnapshot, TransportListener
 from exporter.error import EngineUnavailable
 from exporter.protocol import UINT64_MAX, EngineOutput, encode_utility_request
+from exporter.protocol.pushes import FaultStatus
 
 log = logging.getLogger("exporter.client")
 
@@ -55,6 +56,8 @@ class ZmqTransport(Protocol):
     def send_utility(self, engine_index: int, payload: bytes) -> None: ...
 
     def confirm_dead(self, engine_index: int) -> None: ...
+
+    def keep_fault_status(self, engine_index: int, status: FaultStatus | None) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -105,6 +108,7 @@ class EngineCoreClient:
         faults: ProtocolErrorTally,
         *,
         on_change: ChangeCallback | None = None,
+        on_status: ChangeCallback | None = None,
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
         death_confirm_timeout_s: float = DEATH_CONFIRM_TIMEOUT_S,
         receives_pushes: bool = True,
@@ -114,6 +118,8 @@ class EngineCoreClient:
         self._receives_pushes = receives_pushes
         self._allowed = allowed_methods
         self._on_change = on_change
+        #: What an engine pushed changed: published without asking any engine anything.
+        self._on_status = on_status
         self._death_confirm_timeout_s = death_confirm_timeout_s
         self._pending: dict[int, _Pending] = {}
         self._labels: dict[int, str] = {}
@@ -162,6 +168,10 @@ class EngineCoreClient:
 
     async def start(self) -> None:
         await self.transport.start()
+        if self._receives_pushes:  # statuses a previous exporter process recorded
+            for link in self.transport.link_snapshots():
+                if link.fault_status is not None:
+                    self.pushes.restore(self._label(link.engine_index), link.fault_status)
 
     async def close(self) -> None:
         for task in self._confirming.values():
@@ -256,9 +266,10 @@ class EngineCoreClient:
         if reply.call_id < 0:  # vLLM's reserved ids: a push, never a reply to us
             value = reply.value if reply.failure_message is None else None
             label = self._label(engine_index)
-            changed = self.pushes.on_push(label, engine_index, reply.call_id, value)
-            if changed and self._on_change is not None:  # published at once, not per push
-                self._on_change()
+            if self.pushes.on_push(label, engine_index, reply.call_id, value):
+                self.transport.keep_fault_status(engine_index, self.pushes.fault_status.get(label))
+                if self._on_status is not None:  # published at once; no engine is asked
+                    self._on_status()
             return True
         pending = self._pending.get(reply.call_id)
         if pending is None:
@@ -289,8 +300,9 @@ class EngineCoreClient:
         pending.fanout.resolve(engine_index, outcome)
         return True
 
-    def on_engine_up(self, engine_index: int) -> None:
-        self.pushes.forget(self._label(engine_index))
+    def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
+        if handshaken:  # a new engine process starts healthy; a reattached one keeps its status
+            self.pushes.forget(self._label(engine_index))
         if self._on_change is not None:
             self._on_change()
 

@@ -20,6 +20,12 @@ under one shared deadline and a concurrency bound. vLLM closes the TCP connectio
 500 without saying so: such connections are never put back into the pool, and a request that hits
 a reset on a pooled connection is retried once on a fresh one. The bearer token is sent to every
 target and kept out of logs, reprs and error texts.
+
+Every answer is read up to a fixed limit (``http_routes.MAX_ANSWER``; the weight checksums'
+``MAX_CHECKSUM_ANSWER``): a longer one is a failed call naming the limit, its connection dropped.
+A dev route's read ends with the fan-out's deadline; a plugin target's gate read, which may
+serve the next poll, is abandoned after two deadlines (a body dripping a byte at a time), the
+target's engines ``timeout`` for that poll and the next poll asks afresh.
 """
 
 from __future__ import annotations
@@ -44,18 +50,27 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
-from exporter.client.http_fault import FaultRead, FaultStatusReader
+from exporter.client.http_fault import FaultStatusReader
 from exporter.client.http_plugin import (
     ACTION_HINT,
     GATE_KEYS,
-    engine_label,
+    GateAnswer,
     gate_engines,
     gate_outcomes,
     is_plugin_url,
-    server_root,
 )
 from exporter.client.http_replies import interpret
-from exporter.client.http_routes import Reply, Retryable, Route, connection_error, exchange, route
+from exporter.client.http_routes import (
+    Reply,
+    Retryable,
+    Route,
+    answer_too_long,
+    connection_error,
+    exchange,
+    route,
+)
+from exporter.client.http_target import HttpTarget as HttpTarget  # callers import it from here
+from exporter.client.http_target import TargetState
 from exporter.client.pushes import PushBook
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
@@ -67,46 +82,7 @@ DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
 #: A plugin target's gate answer serves the read methods of requests started this soon after.
 PLUGIN_SHARE_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class HttpTarget:
-    """One vLLM API server: its engine label and its base URL (no trailing slash)."""
-
-    label: str
-    url: str
-
-
-@dataclass(slots=True)
-class _TargetState:
-    target: HttpTarget
-    connected: bool = False
-    requests: int = 0
-    #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
-    vllm_version: str | None = None
-    version_pending: bool = False
-    #: A plugin-enabled server (URL ending in /dp): its engines' ranks, once it named them.
-    plugin: bool = False
-    ranks: list[str] = field(default_factory=list)
-    #: The gate answer of the poll running now, shared by its read methods.
-    sample: asyncio.Task[tuple[int, bytes, float]] | None = None
-    sampled_at: float = 0.0
-    #: The last gate answer that arrived, and when (a slower one than a poll's deadline is
-    #: used by the next poll: the server's own fan-out waits its own call timeout).
-    answered: tuple[int, bytes, float] | None = None
-    answered_at: float = 0.0
-    #: ``GET /fault_tolerance/status`` (``http_fault``): at the server's root for a plugin target.
-    fault_read: FaultRead = field(init=False)
-
-    def __post_init__(self) -> None:
-        root = server_root(self.target.url) if self.plugin else self.target.url
-        self.fault_read = FaultRead(self.target.label, root, per_rank=self.plugin)
-
-    def labels(self) -> list[str]:
-        """This target's engine labels: one per engine of a plugin target, once known."""
-        if self.plugin and self.ranks:
-            return [engine_label(self.target.label, r) for r in self.ranks]
-        return [self.target.label]
+GATE_ROUTE = Route("GET", "/gate")
 
 
 @dataclass
@@ -122,7 +98,7 @@ class HttpFleetClient:
 
     def __post_init__(self) -> None:
         self.pushes = PushBook(self.faults)
-        self._states = [_TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
+        self._states = [TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._side: aiohttp.ClientSession | None = None
@@ -237,7 +213,7 @@ class HttpFleetClient:
         return results
 
     async def _call_target(
-        self, state: _TargetState, method: str, spec: Route, timeout_s: float
+        self, state: TargetState, method: str, spec: Route, timeout_s: float
     ) -> list[EngineOutcome]:
         if method != "is_sleeping":
             return await self._read_target(state, method, spec, timeout_s)
@@ -251,7 +227,7 @@ class HttpFleetClient:
         return outcomes
 
     async def _read_target(
-        self, state: _TargetState, method: str, spec: Route, timeout_s: float
+        self, state: TargetState, method: str, spec: Route, timeout_s: float
     ) -> list[EngineOutcome]:
         if not state.plugin:
             return [await self._call_one(state, method, spec)]
@@ -261,18 +237,20 @@ class HttpFleetClient:
         answer = await self._gate_answer(state, timeout_s)
         if answer is None:
             return [timed_out(label, timeout_s) for label in state.labels()]
-        status, body, duration = answer
+        if answer.error is not None:  # unreachable, over the read limit, or too slow
+            kind, error = answer.kind, answer.error
+            return [EngineOutcome(label, kind, error=error) for label in state.labels()]
+        status, body, duration = answer.status, answer.body, answer.duration_s
         ranks = gate_engines(status, body)
         if ranks is not None:
-            state.ranks = sorted(set(state.ranks) | set(ranks), key=int)
+            for label in state.follow(answer, ranks):  # ranks the server stopped naming
+                self.pushes.drop(label)
         if not state.ranks:  # nothing named yet: the target stands for its engines
             (outcome,) = gate_outcomes(state.target.label, ["?"], method, status, body, duration)
             return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]
         return gate_outcomes(state.target.label, state.ranks, method, status, body, duration)
 
-    async def _gate_answer(
-        self, state: _TargetState, timeout_s: float
-    ) -> tuple[int, bytes, float] | None:
+    async def _gate_answer(self, state: TargetState, timeout_s: float) -> GateAnswer | None:
         """A gate answer for this poll: one ``GET <url>/gate`` shared by the poll's read
         methods (started within ``PLUGIN_SHARE_S``, or still running, it is reused). The
         server's own fan-out waits up to its own call timeout for a hung engine, which may be
@@ -282,31 +260,46 @@ class HttpFleetClient:
         fresh = time.monotonic() - state.sampled_at < PLUGIN_SHARE_S
         if task is None or not (fresh or not task.done()):
             state.sampled_at = time.monotonic()
-            task = state.sample = asyncio.ensure_future(self._fetch_gate(state))
+            task = state.sample = asyncio.ensure_future(self._fetch_gate(state, timeout_s))
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout_s * 0.9)
         except asyncio.TimeoutError:
             recent = time.monotonic() - state.answered_at < 2 * timeout_s
             return state.answered if recent else None
 
-    async def _fetch_gate(self, state: _TargetState) -> tuple[int, bytes, float]:
-        async with self._semaphore:
-            started = time.perf_counter()
-            try:
-                reply = await self._request(self._pooled(), state, Route("GET", "/gate"))
-            except (Retryable, aiohttp.ClientError, OSError) as exc:
-                state.connected = False
-                state.fault_read.reconnected()
-                error = json.dumps({"error": connection_error(state.target.url, exc)}).encode()
-                return 503, error, time.perf_counter() - started
-            state.connected = reply.status in (200, 412)
-            state.answered = (reply.status, reply.body, time.perf_counter() - started)
-            state.answered_at = time.monotonic()
-            return state.answered
+    async def _fetch_gate(self, state: TargetState, timeout_s: float) -> GateAnswer:
+        """One ``GET <url>/gate``, given up after two deadlines (it may serve the next poll,
+        not the one after: a body dripping a byte at a time is not waited for forever), its
+        answer read up to ``MAX_ANSWER``."""
+
+        async def fetch() -> Reply:
+            async with self._semaphore:
+                return await self._request(self._pooled(), state, GATE_ROUTE)
+
+        started = time.perf_counter()
+        try:
+            reply = await asyncio.wait_for(fetch(), 2 * timeout_s)
+        except asyncio.TimeoutError:
+            state.connected = False
+            error = f"no whole answer from /dp/gate within {2 * timeout_s:g}s: abandoned"
+            return GateAnswer.failed(Outcome.TIMEOUT, error, time.perf_counter() - started)
+        except (Retryable, aiohttp.ClientError, OSError) as exc:
+            state.connected = False
+            state.fault_read.reconnected()
+            error = connection_error(state.target.url, exc)
+            return GateAnswer.failed(Outcome.DISCONNECTED, error, time.perf_counter() - started)
+        duration = time.perf_counter() - started
+        state.connected = reply.status in (200, 412)
+        if reply.cut:
+            error = answer_too_long("/dp/gate", GATE_ROUTE.limit)
+            return GateAnswer.failed(Outcome.FAILED, error, duration)
+        state.answered = GateAnswer(reply.status, reply.body, duration)
+        state.answered_at = time.monotonic()
+        return state.answered
 
     # -- one target --------------------------------------------------------------------------
 
-    async def _call_one(self, state: _TargetState, method: str, spec: Route) -> EngineOutcome:
+    async def _call_one(self, state: TargetState, method: str, spec: Route) -> EngineOutcome:
         label = state.target.label
         async with self._semaphore:
             started = time.perf_counter()
@@ -330,9 +323,12 @@ class HttpFleetClient:
                 task = asyncio.create_task(self._fetch_version(state))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
+            if reply.cut:  # over the read limit: refused, its connection already dropped
+                error = answer_too_long(spec.path, spec.limit)
+                return EngineOutcome(label, Outcome.FAILED, error=error, duration_s=duration)
             return interpret(label, method, reply.status, reply.body, duration)
 
-    async def _fetch_version(self, state: _TargetState) -> None:
+    async def _fetch_version(self, state: TargetState) -> None:
         """``GET /version`` once, off the poll path; a failure is retried on a later poll."""
         try:
             reply = await asyncio.wait_for(
@@ -367,7 +363,7 @@ class HttpFleetClient:
     async def _request(
         self,
         session: aiohttp.ClientSession,
-        state: _TargetState,
+        state: TargetState,
         spec: Route,
         limit: int | None = None,
     ) -> Reply:

@@ -7,8 +7,10 @@ target (URL ending in ``/dp``) is asked at its server's root, where vLLM serves 
 each of its ranks gets its own status (``<target>/<rank>``, only the ranks its ``/dp/gate``
 named).
 A server without the route (404/405: fault tolerance off, or an older vLLM) is asked again
-after it was unreachable, or after ``FT_RECHECK_S``; a malformed answer changes nothing and is
-counted (``BAD_FT_ANSWER``). Nothing here raises into a poll.
+after it was unreachable, or after ``FT_RECHECK_S``. An answer that cannot be read (another
+status, a 5xx, not JSON, a garbled entry) makes the ranks it covers ``unknown`` (never healthy,
+never the last status kept) and is counted (``BAD_FT_ANSWER``). Nothing here raises into a
+poll.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.http_plugin import engine_label
 from exporter.client.http_replies import MAX_FT_ANSWER, fault_entries, worst_fault_status
 from exporter.client.http_routes import Retryable, Route, exchange
-from exporter.client.pushes import PushBook
+from exporter.client.pushes import BAD_FT_STATUS, PushBook
 
 log = logging.getLogger("exporter.http")
 
 FT_ROUTE = Route("GET", "/fault_tolerance/status")
 #: A server that answered 404/405 there is asked again after this long (or a reconnection).
 FT_RECHECK_S = 300.0
-BAD_FT_ANSWER = "bad_fault_tolerance_status"
+BAD_FT_ANSWER = BAD_FT_STATUS
 
 
 @dataclass(slots=True)
@@ -84,28 +86,47 @@ class FaultStatusReader:
         try:
             request = exchange(self._session(), read.server_url, FT_ROUTE, MAX_FT_ANSWER)
             reply = await asyncio.wait_for(request, timeout_s)
-        except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return  # unreachable or slow: the dev routes' outcomes say so; the status stays
+        except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            # Unreachable or slow: not known now (a status kept from before could be stale).
+            for label in labels if read.per_rank else [read.label]:
+                if label in self._pushes.fault_status:
+                    self._pushes.set_unknown(label, f"not read: {type(exc).__name__}")
+            return
         if reply.status in (404, 405):
             read.missing_at = time.monotonic()
             for label in labels:
                 self._pushes.forget(label)
             return
         if reply.status != 200:
-            log.debug("target %s: HTTP %d from %s", read.label, reply.status, FT_ROUTE.path)
+            self._unreadable(read, labels, f"HTTP {reply.status} from {FT_ROUTE.path}")
             return
         try:
             ranks = fault_entries(reply.body)
         except ValueError as exc:
-            self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {exc}")
+            self._unreadable(read, labels, str(exc))
             return
         if not read.per_rank:
             found = worst_fault_status(ranks)
+            for rank in ranks:
+                if rank.problem is not None:
+                    self._faults.record(
+                        BAD_FT_ANSWER, f"target {read.label} rank {rank.rank}: {rank.problem}"
+                    )
             if found is not None:
                 self._pushes.set_fault_status(read.label, *found)
             return
-        known = set(labels)  # ranks the server's gate named: a hostile answer adds no engine
-        for rank, status, info in ranks:
-            label = engine_label(read.label, str(rank))
-            if label in known:
-                self._pushes.set_fault_status(label, status, info)
+        by_label = {engine_label(read.label, str(r.rank)): r for r in ranks}
+        for label in labels:  # ranks the server's gate named: a hostile answer adds no engine
+            rank_status = by_label.get(label)
+            if rank_status is None:
+                self._pushes.set_unknown(label, "unreadable status: not in the server's answer")
+                self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {label} not named")
+            else:
+                self._pushes.record(label, rank_status, BAD_FT_ANSWER)
+
+    def _unreadable(self, read: FaultRead, labels: list[str], why: str) -> None:
+        """An answer that cannot be read as a whole: no rank's status is known (fail closed:
+        every engine of the target ``unknown``, never the last status kept), counted."""
+        self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {why}")
+        for label in labels if read.per_rank else [read.label]:
+            self._pushes.set_unknown(label, f"unreadable status: {why}")

@@ -10,13 +10,20 @@ target (each server runs them per engine on its own ``POST /dp/admin/<action>``)
 outcome is ``failed`` with that hint, and nothing is sent. Each rank's fault-tolerance status
 comes from vLLM's own route at the server's root (``server_root``; ``exporter.client.http_fault``).
 
-Pure functions: the client in ``exporter.client.http`` does the requests.
+A target's ranks follow its answers (``follow_ranks``): at most ``MAX_ENGINES`` (an answer naming
+more is cut to its first ``MAX_ENGINES`` entries), a rank named again is kept, and a rank missing
+from ``RANK_ABSENT_ANSWERS`` answers in a row is dropped (the server scaled down): a hostile or
+shrinking server cannot grow the exporter's engines, nor pin the fleet at ``unknown`` with ranks
+it no longer has.
+
+Pure functions and values: the client in ``exporter.client.http`` does the requests.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from yarl import URL
@@ -33,6 +40,9 @@ GATE_KEYS = {
 }
 #: Engines one plugin target may report (vLLM's ranks fit in two bytes).
 MAX_ENGINES = 1024
+#: A rank missing from this many gate answers in a row is dropped; one or two answers without it
+#: leave it ``disconnected`` ("not in the server's answer"), as a rank restarting may be.
+RANK_ABSENT_ANSWERS = 3
 ACTION_HINT = (
     "not sent: admin actions on a plugin-enabled server run on its own POST {url}/admin/<action>"
 )
@@ -52,6 +62,39 @@ def server_root(url: str) -> str:
 
 def engine_label(target: str, rank: str) -> str:
     return f"{target}/{rank}"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GateAnswer:
+    """One ``GET <url>/gate`` as the poll's read methods share it: the server's status and
+    body, or (``error``) why there is none to read (unreachable, over the read limit, no whole
+    answer within two deadlines): every engine of the target is then ``kind`` with that error.
+    Compared by identity: one answer moves the target's ranks once (``follow_ranks``)."""
+
+    status: int
+    body: bytes
+    duration_s: float
+    error: str | None = None
+    kind: Outcome = Outcome.FAILED
+
+    @classmethod
+    def failed(cls, kind: Outcome, error: str, duration_s: float) -> GateAnswer:
+        return cls(0, b"", duration_s, error, kind)
+
+
+def follow_ranks(absent: Mapping[str, int], named: Sequence[str]) -> dict[str, int]:
+    """Pure: a target's ranks after one gate answer naming ``named``, each with the number of
+    answers in a row that lacked it (``absent``: the same before it). A named rank is kept (0);
+    another is dropped at its ``RANK_ABSENT_ANSWERS``-th answer without it, or sooner to keep
+    the target within ``MAX_ENGINES`` ranks (the named ones first, then the least missed)."""
+    following = dict.fromkeys(named[:MAX_ENGINES], 0)
+    older = sorted(absent.items(), key=lambda item: (item[1], int(item[0])))
+    for rank, missed in older:
+        if len(following) >= MAX_ENGINES:
+            break
+        if rank not in following and missed + 1 < RANK_ABSENT_ANSWERS:
+            following[rank] = missed + 1
+    return following
 
 
 def gate_engines(status: int, body: bytes) -> list[str] | None:

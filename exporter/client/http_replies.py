@@ -30,8 +30,14 @@ import re
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.error import ProtocolError
-from exporter.protocol.pushes import FT_FAULTY, FT_STATUSES, MAX_FAULT_INFO, decode_ft_entry
+from exporter.protocol.pushes import (
+    FT_FAULTY,
+    FT_UNKNOWN,
+    MAX_FAULT_INFO,
+    RankStatus,
+    entry_rank,
+    read_rank_status,
+)
 from exporter.protocol.strings import bound_text, bound_value
 
 DEV_MODE_OFF = "dev mode is off on this server (set VLLM_SERVER_DEV_MODE=1)"
@@ -201,14 +207,17 @@ def _snippet(body: bytes) -> str:
 #: longer one is refused unread, never buffered whole) and the ranks one answer may name.
 MAX_FT_ANSWER = 1 << 20
 MAX_FT_RANKS = 1024
-_FT_SEVERITY = {status: n for n, status in enumerate(FT_STATUSES)}  # healthy < unhealthy < dead
+#: Worst last: a server read as one engine reports its worst rank (unknown is never healthy).
+_FT_SEVERITY = {"healthy": 0, "unhealthy": 1, FT_UNKNOWN: 2, "dead": 3}
 
 
-def fault_entries(body: bytes) -> list[tuple[int, str, str | None]]:
-    """Pure: every rank's (rank, status, fault_info) from vLLM 0.33's 200 answer
-    ``{"schema_version": 1, "total_engines": N, "engines": [{"id": rank, "status": ..,
-    "fault_info": ..}, ..]}``, in rank order. ``ValueError`` for a malformed answer, a single
-    bad entry included (the rank it garbles might be the faulty one: never a false healthy)."""
+def fault_entries(body: bytes) -> list[RankStatus]:
+    """Pure: every rank's status from vLLM 0.33's 200 answer ``{"schema_version": 1,
+    "total_engines": N, "engines": [{"id": rank, "status": .., "fault_info": ..}, ..]}``, in
+    rank order, each read by the one rule (``read_rank_status``: an unreadable status is
+    ``unknown`` with its ``problem``). ``ValueError`` when the answer as a whole cannot be read
+    (not JSON, no list, an entry naming no rank, a rank twice): the caller then knows no rank's
+    status (the rank it garbles might be the faulty one: never a false healthy)."""
     if len(body) > MAX_FT_ANSWER:
         raise ValueError(f"answer longer than {MAX_FT_ANSWER} bytes")
     try:
@@ -219,23 +228,25 @@ def fault_entries(body: bytes) -> list[tuple[int, str, str | None]]:
         ) from None
     entries = doc.get("engines") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or len(entries) > MAX_FT_RANKS:
-        raise ValueError("answer has no list of at most 1024 engines")
-    try:
-        ranks = sorted((decode_ft_entry(entry) for entry in entries), key=lambda e: e[0])
-    except ProtocolError as exc:
-        raise ValueError(str(exc).removeprefix(f"{exc.kind}: ")) from None
-    if len({rank for rank, _, _ in ranks}) != len(ranks):
+        raise ValueError(f"answer has no list of at most {MAX_FT_RANKS} engines")
+    ranks = []
+    for entry in entries:
+        rank = entry_rank(entry)
+        if rank is None:
+            raise ValueError("an entry names no rank")
+        ranks.append(read_rank_status(entry, rank))
+    ranks.sort(key=lambda r: r.rank)
+    if len({r.rank for r in ranks}) != len(ranks):
         raise ValueError("answer names a rank twice")
     return ranks
 
 
-def worst_fault_status(
-    ranks: list[tuple[int, str, str | None]],
-) -> tuple[str, str | None] | None:
+def worst_fault_status(ranks: list[RankStatus]) -> tuple[str, str | None] | None:
     """Pure: one server's (status, fault_info) over its ranks: the worst status, fault_info
-    naming the faulty ranks (``"rank 1: RuntimeError"``, cut). None: no rank named."""
+    naming the ranks that are not healthy (``"rank 1: RuntimeError"``, cut). None: no rank
+    named."""
     if not ranks:
         return None
-    worst = max((status for _, status, _ in ranks), key=_FT_SEVERITY.__getitem__)
-    faulty = [f"rank {r}: {info or s}" for r, s, info in ranks if s in FT_FAULTY]
+    worst = max((r.status for r in ranks), key=_FT_SEVERITY.__getitem__)
+    faulty = [f"rank {r.rank}: {r.fault_info or r.status}" for r in ranks if r.status in FT_FAULTY]
     return worst, bound_text("; ".join(faulty), MAX_FAULT_INFO) if faulty else None

@@ -1,6 +1,11 @@
 """The dev or RL route of vLLM's API server that stands for one utility call (``route``, pure;
 HTTP mode, ``docs/protocol.md`` F.4), and one exchange of a route with an API server
-(``exchange``: vLLM's connection habits).
+(``exchange``: vLLM's connection habits, an answer read up to a fixed limit).
+
+Every answer is read up to :data:`MAX_ANSWER` (:data:`MAX_CHECKSUM_ANSWER` for the weight
+checksums): a target that sends more (a body that never ends) costs the exporter that much at
+most, its answer is refused (``Reply.cut``: the caller makes it a failed call naming the limit,
+``answer_too_long``) and its connection dropped, never reused.
 
 Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``http_replies``):
 
@@ -21,7 +26,7 @@ Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -30,15 +35,26 @@ from exporter.error import MethodNotAllowed
 
 Query = list[tuple[str, str]]
 
+#: The most of one answer read from a target. A dev or RL route answers under 1 KiB; a plugin's
+#: ``/dp/gate`` for 1,024 engines, every string at its 256-byte cut, about 1.5 MiB: 4 MiB keeps
+#: every real answer whole and a hostile one at a few MiB per target and poll.
+MAX_ANSWER = 4 << 20
+#: ``POST /weight_checker`` (``compute_weight_checksums``): one key and digest per tensor of every
+#: worker behind the server (about 150 bytes each), several MiB for a large model; 32 MiB holds
+#: some 200,000 tensors. Only an admin action (authenticated, rate-limited) reads this much.
+MAX_CHECKSUM_ANSWER = 32 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """One HTTP request standing for one utility call."""
+    """One HTTP request standing for one utility call, and the most of its answer read."""
 
     verb: str
     path: str
     query: Query | None = None
     body: dict[str, Any] | None = None  # sent as JSON
+    #: Not part of the request (two routes that send the same are equal).
+    limit: int = field(default=MAX_ANSWER, compare=False)
 
 
 def _bool(value: bool) -> str:
@@ -107,7 +123,9 @@ def route(method: str, args: tuple[Any, ...] = ()) -> Route:
         return Route("POST", "/update_weight_version", body={"new_version": args[0]})
     if method == "compute_weight_checksums":
         _no_args(method, args)
-        return Route("POST", "/weight_checker", body={"action": "checksum"})
+        return Route(
+            "POST", "/weight_checker", body={"action": "checksum"}, limit=MAX_CHECKSUM_ANSWER
+        )
     raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
 
 
@@ -124,6 +142,9 @@ def _mode(mode: Any) -> str:
 class Reply:
     status: int
     body: bytes
+    #: The answer was longer than the limit: ``body`` is its first bytes (just past the limit),
+    #: the rest was never read and the connection was dropped.
+    cut: bool = False
 
 
 class Retryable(Exception):
@@ -133,8 +154,11 @@ class Retryable(Exception):
 async def exchange(
     session: aiohttp.ClientSession, base_url: str, spec: Route, limit: int | None = None
 ) -> Reply:
-    """One request and its whole answer; with ``limit``, a body longer than that is cut just
-    past it (its connection dropped): the caller refuses it without buffering it whole."""
+    """One request and its answer, read up to ``limit`` (default: the route's): a longer body
+    is cut just past it (``Reply.cut``, its connection dropped), never buffered whole. A read
+    cancelled (the caller's deadline) or failed midway drops its connection too: a half-read
+    answer must not reach the next request on a pooled connection."""
+    limit = spec.limit if limit is None else limit
     try:
         async with session.request(
             spec.verb,
@@ -143,12 +167,21 @@ async def exchange(
             json=spec.body,
             allow_redirects=False,
         ) as resp:
-            body = await resp.read() if limit is None else await _read_at_most(resp, limit)
+            # Kept: an answer just over the limit may have arrived whole, its connection back
+            # in the pool, before the read reaches the limit; it is dropped all the same.
+            transport = resp.connection.transport if resp.connection is not None else None
+            try:
+                body = await _read_at_most(resp, limit)
+            except BaseException:
+                resp.close()
+                raise
+            if len(body) > limit and transport is not None:
+                transport.close()
             if resp.status >= 500:
                 # vLLM closes the connection after a 500 without a `connection: close`
                 # header: do not hand it back to the pool.
                 resp.close()
-            return Reply(resp.status, body)
+            return Reply(resp.status, body, cut=len(body) > limit)
     except aiohttp.ClientConnectorError:
         raise  # could not connect at all: nothing to retry
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -163,6 +196,11 @@ async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
             resp.close()
             break
     return bytes(body)
+
+
+def answer_too_long(path: str, limit: int) -> str:
+    """The error of a call whose answer was longer than ``limit`` (``Reply.cut``)."""
+    return f"answer from {path} longer than {limit >> 20} MiB (the limit of one answer): refused"
 
 
 def connection_error(url: str, exc: BaseException) -> str:

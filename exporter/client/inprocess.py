@@ -40,7 +40,7 @@ from exporter.client.fleet import (
     check_allowed,
     timed_out,
 )
-from exporter.client.pushes import PushBook
+from exporter.client.pushes import BAD_FT_STATUS, PushBook
 from exporter.client.vllm_core import VllmCore, is_engine_dead_error
 from exporter.protocol.strings import bound_text, bound_value
 
@@ -112,15 +112,19 @@ class InProcessFleetClient:
         return method in self._allowed
 
     def _read_fault_statuses(self) -> None:
-        """The front end's copy of the sentinels' pushes, read afresh (a dict read): a rank
-        it no longer lists is forgotten."""
-        statuses = self.core.fault_statuses()
+        """The front end's copy of the sentinels' pushes, read afresh for the ranks this
+        client manages (dict lookups): a rank without an entry is forgotten, an unreadable
+        entry is ``unknown`` and counted."""
+        ranks = [int(label) for label in self.engine_labels]
+        statuses = self.core.fault_statuses(ranks)
         if statuses is None:
             return
-        for label in set(self.pushes.fault_status) - statuses.keys():
-            self.pushes.forget(label)
-        for label, (status, info) in statuses.items():
-            self.pushes.set_fault_status(label, status, info)
+        for rank in ranks:
+            found = statuses.get(rank)
+            if found is None:
+                self.pushes.forget(str(rank))
+            else:
+                self.pushes.record(str(rank), found, BAD_FT_STATUS)
 
     async def start(self) -> None:
         self._closed = False

@@ -4,7 +4,10 @@ events), kept per engine for the layers above.
 Owner mode receives the pushes itself (the exporter is client 0); in-process and HTTP mode
 learn the same statuses from vLLM's front end and record them here too, so every mode shows
 one thing the same way. A status is kept until the engine's next handshake (a restarted
-engine starts healthy and pushes only on change).
+engine starts healthy and pushes only on change), across an exporter restart too (owner mode's
+state file). A status that cannot be read is recorded as ``unknown`` and counted as
+``bad_push`` (``bad_fault_tolerance_status`` where read from the front end): never healthy,
+never dropped.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from collections.abc import Callable
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.error import ProtocolError
-from exporter.protocol.pushes import FT_STATUSES as FT_STATUSES  # for the layers above
+from exporter.protocol.pushes import FT_STATE_VALUES as FT_STATE_VALUES  # for the layers above
+from exporter.protocol.pushes import FT_UNKNOWN as FT_UNKNOWN  # for the layers above
 from exporter.protocol.pushes import (
     PUSH_EEP,
     PUSH_FT_STATUS,
     FaultStatus,
+    RankStatus,
     decode_eep_notification,
     decode_ft_status,
     push_kind,
@@ -31,6 +36,9 @@ log = logging.getLogger("exporter.client")
 #: At most one log line per engine this often (a broken or hostile engine can push thousands a
 #: second; every push is still counted and the last status kept).
 LOG_INTERVAL_S = 10.0
+PUSH_BAD = "bad_push"
+#: How a status read from vLLM's front end (in-process, HTTP) that cannot be read is counted.
+BAD_FT_STATUS = "bad_fault_tolerance_status"
 
 
 class PushBook:
@@ -55,16 +63,32 @@ class PushBook:
         self.counts[(engine, kind)] += 1
         try:
             if kind == PUSH_FT_STATUS:
-                status, info = decode_ft_status(value, engine_index)
-                return self.set_fault_status(engine, status, info)
+                return self.record(engine, decode_ft_status(value, engine_index))
             if kind == PUSH_EEP:
-                event, rank = decode_eep_notification(value)
+                event, rank = decode_eep_notification(value, engine_index)
                 self.membership[engine] = MembershipEvent(event, rank, engine, self._clock())
                 self._log(engine, logging.INFO, "elastic-EP %s (DP rank %d)", event, rank)
                 return True
         except ProtocolError as exc:
             self._faults.record(exc.kind, f"engine {engine}: {exc}")
         return False
+
+    def record(self, engine: str, read: RankStatus, kind: str = PUSH_BAD) -> bool:
+        """Record one status read by the one rule (``read_rank_status``); one that could not be
+        read is recorded as ``unknown`` and counted (``kind``: ``bad_push`` for a push,
+        ``bad_fault_tolerance_status`` for the front end's table). True when it changed."""
+        if read.problem is not None:
+            self._faults.record(kind, f"engine {engine}: fault-tolerance status {read.problem}")
+        return self.set_fault_status(engine, read.status, read.fault_info)
+
+    def set_unknown(self, engine: str, why: str) -> bool:
+        """The engine's status is not known (fail closed: not healthy); True when it changed."""
+        return self.set_fault_status(engine, FT_UNKNOWN, why)
+
+    def restore(self, engine: str, status: FaultStatus) -> None:
+        """A status a previous exporter process recorded (owner mode's state file), with its
+        own ``since_unix``."""
+        self.fault_status[engine] = status
 
     def set_fault_status(self, engine: str, status: str, fault_info: str | None) -> bool:
         """Record ``engine``'s status; ``since_unix`` moves only when the status changes.
@@ -92,6 +116,15 @@ class PushBook:
         """A new handshake: the engine starts over (healthy, no event)."""
         self.fault_status.pop(engine, None)
         self.membership.pop(engine, None)
+
+    def drop(self, engine: str) -> None:
+        """The engine left the fleet (a rank a plugin-enabled server stopped naming): nothing
+        of it is kept, its counts included."""
+        self.forget(engine)
+        for key in [k for k in self.counts if k[0] == engine]:
+            del self.counts[key]
+        self._logged.pop(engine, None)
+        self._suppressed.pop(engine, None)
 
     def counts_of(self, engine: str) -> dict[str, int]:
         return {kind: n for (e, kind), n in self.counts.items() if e == engine}

@@ -29,7 +29,13 @@ from typing import Any
 
 from exporter.error import ConfigError, ProtocolError
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
-from exporter.protocol.pushes import decode_ft_entry
+from exporter.protocol.pushes import (
+    FT_UNKNOWN,
+    UNREADABLE,
+    RankStatus,
+    entry_rank,
+    read_rank_status,
+)
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -148,26 +154,31 @@ class VllmCore:
         """Whether this vLLM's front end keeps its engines' fault-tolerance status."""
         return isinstance(getattr(self.core, ENGINE_STATUS, None), dict)
 
-    def fault_statuses(self) -> dict[str, tuple[str, str | None]] | None:
-        """Engine label → (status, fault_info) from ``_engine_status`` (a dict read, read as
-        HTTP mode reads the same entries from the route). None: nothing readable. An entry of
-        another shape is skipped: never an error in vLLM."""
+    def fault_statuses(self, ranks: Sequence[int]) -> dict[int, RankStatus] | None:
+        """Rank → its status in ``_engine_status``, for ``ranks`` only (the ranks this client
+        manages: any engine can add entries to the table, keyed by the index its push carries,
+        so it is never copied or walked whole on vLLM's loop). Each entry read by the one rule
+        (``read_rank_status``: unreadable is ``unknown`` with its ``problem``; an entry naming
+        another rank than its key is unreadable too). A managed rank without an entry has no
+        status. None: this front end keeps no table."""
         table = getattr(self.core, ENGINE_STATUS, None)
         if not isinstance(table, dict):
             return None
-        try:
-            items = list(table.items())[:MAX_KV_EVENT_SOURCES]
-        except Exception:  # changed while copied (another thread): the next read
-            return None
         found = {}
-        for rank, entry in items:
+        for rank in ranks:
             try:
-                entry_rank, status, info = decode_ft_entry(entry)
-            except Exception as exc:  # another shape (ProtocolError): never an error in vLLM
-                log.debug("engine %r fault-tolerance status: %s", rank, exc)
+                entry = table.get(rank)
+            except Exception:  # a table of another kind: nothing readable, never an error in vLLM
+                return None
+            if entry is None:
                 continue
-            if type(rank) is int and rank == entry_rank:
-                found[str(rank)] = (status, info)
+            named = entry_rank(entry)
+            if named is not None and named != rank:
+                found[rank] = RankStatus(
+                    rank, FT_UNKNOWN, f"{UNREADABLE}names engine {named}", f"names engine {named}"
+                )
+            else:
+                found[rank] = read_rank_status(entry, rank)
         return found
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:

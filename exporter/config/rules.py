@@ -13,7 +13,7 @@ import os
 import stat
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +31,66 @@ def flag(name: str) -> str:
 
 
 #: The most an operator file (config, token, targets, basic-auth) may hold: read no further,
-#: so a wrong path (``/dev/zero``, a log) is one error line, not a start that never ends.
+#: so a wrong path (a log, a huge file) is one error line, not a start that never ends.
 MAX_TEXT_FILE_BYTES = 4 * 1024 * 1024
+
+#: What a path that is not a regular file is, for the error line.
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_regular(path: str, what: str) -> int:
+    """A descriptor of ``path`` opened without blocking, checked on the descriptor itself (no
+    stat-then-open race) to be a regular file: a FIFO would block the read until a writer
+    came (for ever without one, or vLLM's event loop with it), a device would never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "something else")
+        raise ConfigError(f"{what} {path} is not a regular file (it is {kind})")
+    return fd
+
+
+def check_regular_file(path: str, what: str) -> None:
+    """``ConfigError`` unless ``path`` can be opened and is a regular file: for the files a
+    library opens by path itself (``ssl``'s certificates and keys)."""
+    os.close(_open_regular(path, what))
+
+
+def no_passphrase(what: str) -> Callable[[], str]:
+    """The ``password`` callback of ``ssl``'s ``load_cert_chain``: without one, OpenSSL asks
+    for an encrypted key's passphrase on the terminal (a start or a ``ctl`` that waits for
+    ever, or a prompt in a script); with it, one ``ConfigError`` line. Called only for an
+    encrypted key."""
+
+    def refuse() -> str:
+        raise ConfigError(
+            f"{what} is encrypted (passphrase-protected); a passphrase is never asked for: "
+            "give a key without one (openssl pkey -in KEY -out PLAIN_KEY)"
+        )
+
+    return refuse
 
 
 def read_text_file(path: str, what: str) -> str:
-    """A file's text, strictly UTF-8, at most ``MAX_TEXT_FILE_BYTES``; ``what`` names it in
-    the error (``config file``)."""
+    """A regular file's text, strictly UTF-8, at most ``MAX_TEXT_FILE_BYTES``; ``what`` names
+    it in the error (``config file``). Never blocks on a FIFO or reads a device."""
+    fd = _open_regular(path, what)
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(fd, "rb") as handle:
             raw = handle.read(MAX_TEXT_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None

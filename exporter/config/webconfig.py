@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.config.rules import read_text_file
+from exporter.config.rules import check_regular_file, no_passphrase, read_text_file
 from exporter.error import ConfigError
 
 CLIENT_AUTH_TYPES: dict[str, ssl.VerifyMode] = {
@@ -121,12 +121,9 @@ def _string(where: str, value: Any) -> str:
 
 
 def _readable(where: str, base: Path, value: Any) -> str:
+    """A regular file (``ssl`` then opens it by path: a FIFO would block the start)."""
     path = base / _string(where, value)
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise ConfigError(f"{where} {path}: {exc.strerror or exc}") from None
+    check_regular_file(str(path), where)
     return str(path)
 
 
@@ -145,7 +142,7 @@ def _tls_context(where: str, base: Path, tls: dict[str, Any]) -> tuple[ssl.SSLCo
     if highest is not None:
         ctx.maximum_version = TLS_VERSIONS[highest]
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(cert, key, password=no_passphrase(f"{where}.key_file {key}"))
     except ssl.SSLError as exc:
         raise ConfigError(
             f"{where}: cert_file {cert} and key_file {key} are not a PEM certificate and its "

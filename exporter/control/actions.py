@@ -144,7 +144,8 @@ async def run_verify_weights(
     shape: AnswerShape = ACTION_ANSWER,
 ) -> ActionResult:
     """``compute_weight_checksums`` on every engine, compared across DP ranks; ``extra``
-    carries the mismatching parameters per compared engine."""
+    carries the mismatch count per engine that had something to compare (one whose checksums
+    were all unverifiable is left out: "0 mismatches" would read as verified)."""
     started = time.perf_counter()
     calls = await client.call_utility(request.method, request.args, timeout_s=timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
@@ -153,7 +154,7 @@ async def run_verify_weights(
     duration = time.perf_counter() - started
     body = verdict_body(verdict, request.params, duration, shape)
     add_comparisons(body, verdict, comparisons)
-    mismatches = {e: c.mismatches for e, c in comparisons.items()}
+    mismatches = {e: c.mismatches for e, c in comparisons.items() if c.compared or c.mismatches}
     return ActionResult(verdict.status, body, verdict, duration, {"mismatches": mismatches})
 
 

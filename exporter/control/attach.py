@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 
 from yarl import URL
 
@@ -22,7 +21,7 @@ from exporter.client.fleet import ChangeCallback, FleetClient
 from exporter.client.http import HttpFleetClient, HttpTarget
 from exporter.client.transport.owner import OwnerConfig, OwnerTransport
 from exporter.client.transport.relay import RelayConfig, RelayTransport
-from exporter.config.rules import read_token_file
+from exporter.config.rules import read_text_file, read_token_file
 from exporter.config.settings import ServeConfig
 from exporter.error import ConfigError
 
@@ -36,9 +35,11 @@ def build_fleet(
     relay_handshakes: Counter[str] | None = None,
     state_file_writes: Counter[str] | None = None,
     on_change: ChangeCallback | None = None,
+    on_status: ChangeCallback | None = None,
 ) -> FleetClient:
     """The ``FleetClient`` of ``config.attach``. ``on_change`` is called when an engine comes
-    up or goes down; ``relay_handshakes`` receives one result per relayed handshake and
+    up or goes down, ``on_status`` when what an engine pushed changed (owner mode: publish it,
+    no engine needs asking); ``relay_handshakes`` receives one result per relayed handshake and
     ``state_file_writes`` one outcome per state-file write (owner and relay mode)."""
     writes = state_file_writes
     if config.attach == "owner":
@@ -47,6 +48,7 @@ def build_fleet(
             lambda listener: OwnerTransport(owner, listener, faults, state_writes=writes),
             faults,
             on_change=on_change,
+            on_status=on_status,
         )
     if config.attach == "relay":
         relay = relay_config(config)
@@ -123,11 +125,9 @@ def parse_target(text: str, index: int) -> HttpTarget:
 
 
 def read_targets_file(path: str) -> list[str]:
-    """One target per line; blank lines and ``#`` comments ignored."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"--http-targets-file {path}: {exc.strerror}") from None
+    """One target per line; blank lines and ``#`` comments ignored. Read as every operator
+    file is (a regular file, bounded, UTF-8: ``read_text_file``)."""
+    text = read_text_file(path, "--http-targets-file")
     lines = []
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()

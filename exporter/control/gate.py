@@ -1,12 +1,13 @@
 """``GET /gate``: the safe-to-resume check an RL loop runs before it resumes traffic.
 
 Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
-``paused=true|false``, ``healthy=true|false``: no rank reports an unhealthy or dead
-fault-tolerance status). The gate runs a **fresh** fan-out of every invariant (never the cached
-poll), shared by concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is the
-pure verdict over that sample: 200 when every expected engine answered and meets every
-condition, 412 naming the failing engines and conditions, 501 when no engine supports a
-condition (an older vLLM: waiting cannot help), 503 when no engine is connected.
+``paused=true|false``, ``healthy=true|false``: no rank reports an unhealthy, dead or unknown
+fault-tolerance status). The gate runs a **fresh** fan-out (never the cached poll), shared by
+concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is the pure verdict
+over that sample: 200 when every expected engine answered and meets every condition, 412
+naming the failing engines and conditions, 501 when no engine supports a condition (an older
+vLLM: waiting cannot help), 503 when no engine is connected. Only the read methods the
+conditions need are asked (every one without conditions).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Sample:
     #: Engine → its last fault-tolerance status (absent: never reported); None: this attach
     #: mode cannot know (relay).
     fault_status: Mapping[str, FaultStatus] | None = None
+    #: The read methods this sample asked for (a gate's conditions need only theirs).
+    asked: frozenset[str] = frozenset()
 
 
 def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool]:
@@ -165,8 +168,22 @@ def evaluate(
     return (200 if ok else 412), body
 
 
+#: Every read method: a gate without conditions reports every engine's values (the answer
+#: HTTP mode reads from a plugin-enabled server's ``/dp/gate``).
+ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
+
+
+def needed_methods(conditions: Mapping[str, Any]) -> frozenset[str] | None:
+    """The read methods ``conditions`` need (pure): ``is_sleeping`` always (every engine must
+    answer), plus each condition's own; None (every method) without conditions."""
+    if not conditions:
+        return None
+    return frozenset({SLEEPING.method, *(BY_KEY[k].method for k in conditions if k != HEALTHY)})
+
+
 class Gate:
-    """The shared, rate-bounded fresh fan-out behind ``GET /gate``."""
+    """The shared, rate-bounded fresh fan-out behind ``GET /gate``: it asks only what the
+    conditions need (``needed_methods``)."""
 
     def __init__(
         self,
@@ -184,24 +201,32 @@ class Gate:
         self._wall = wall_clock
         self._last: Sample | None = None
         self._inflight: asyncio.Future[Sample] | None = None
+        self._inflight_asks: frozenset[str] = frozenset()
         self.fanouts = 0
 
-    async def sample(self) -> Sample:
-        """A sample no older than ``min_interval_s``; callers arriving while one is being
-        taken share it."""
+    async def sample(self, methods: frozenset[str] | None = None) -> Sample:
+        """A sample of ``methods`` (None: every invariant) no older than ``min_interval_s``;
+        callers arriving while one that asks at least as much is being taken share it."""
+        wanted = ALL_METHODS if methods is None else methods | {SLEEPING.method}
         last = self._last
-        if last is not None and self._clock() - last.taken_at < self._min_interval_s:
+        if (
+            last is not None
+            and wanted <= last.asked
+            and self._clock() - last.taken_at < self._min_interval_s
+        ):
             return last
-        if self._inflight is None or self._inflight.done():
-            self._inflight = asyncio.ensure_future(self._take())
+        inflight = self._inflight
+        if inflight is None or inflight.done() or not wanted <= self._inflight_asks:
+            inflight = self._inflight = asyncio.ensure_future(self._take(wanted))
+            self._inflight_asks = wanted
         # Shielded: one caller hanging up does not cancel the others' fan-out.
-        return await asyncio.shield(self._inflight)
+        return await asyncio.shield(inflight)
 
-    async def _take(self) -> Sample:
+    async def _take(self, wanted: frozenset[str]) -> Sample:
         self.fanouts += 1
         client = self._client
         engines = tuple(client.engine_labels)
-        asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
+        asked = [inv for inv in INVARIANTS if inv.method in wanted and client.supports(inv.method)]
         results = await asyncio.gather(
             *(client.call_utility(inv.method, timeout_s=self._timeout_s) for inv in asked)
         )
@@ -216,7 +241,7 @@ class Gate:
                 for d in client.engine_details()
                 if d.fault_status is not None
             }
-        sample = Sample(outcomes, engines, self._wall(), self._clock(), faults)
+        sample = Sample(outcomes, engines, self._wall(), self._clock(), faults, wanted)
         self._last = sample
         return sample
 
@@ -235,4 +260,4 @@ class Gate:
                 "engines": [],
                 "failing_engines": list(self._client.engine_labels),
             }
-        return evaluate(conditions, await self.sample(), self._clock())
+        return evaluate(conditions, await self.sample(needed_methods(conditions)), self._clock())

@@ -7,12 +7,13 @@ calls of a poll share one deadline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.client.fleet import FAULT_STATUS, EngineDetail, EngineOutcome, FleetClient
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import (
@@ -59,9 +60,13 @@ class Poller:
         self._warned_at: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
+        #: The engines of the last poll (``_forget_gone``).
+        self._engine_set: set[str] = set()
         #: method → {engine: its handshake count when it said it has no such method}.
         self._unsupported: dict[str, dict[str, int]] = {}
         self._snapshot: FleetSnapshot | None = None
+        #: Snapshots republished between polls (``republish``): part of the render cache key.
+        self.republished = 0
         #: The fleet's state over the last hour (the status page's timeline).
         self.history = FleetHistory()
         self._wake = asyncio.Event()
@@ -72,9 +77,26 @@ class Poller:
         if self._snapshot is None:
             client = self._client
             return empty_snapshot(
-                client.engine_details(), len(client.engine_labels), client.connected_count()
+                client.engine_details(),
+                len(client.engine_labels),
+                client.connected_count(),
+                client.supports(FAULT_STATUS),
             )
         return self._snapshot
+
+    def republish(self) -> None:
+        """Publish the last poll again with every engine's details read afresh (what engines
+        pushed: a fault-tolerance status, an elastic-EP event), asking no engine anything: a
+        push from one engine must not make every engine answer a poll."""
+        snap = self._snapshot
+        if snap is None:
+            return  # before the first poll, the snapshot reads the details afresh anyway
+        details = {d.engine: d for d in self._client.engine_details()}
+        engines = tuple(
+            dataclasses.replace(e, detail=details.get(e.engine, e.detail)) for e in snap.engines
+        )
+        self._snapshot = dataclasses.replace(snap, engines=engines)
+        self.republished += 1
 
     def poll_soon(self) -> None:
         """Cut the current wait short (an engine connected, a test wants a fresh poll)."""
@@ -99,6 +121,7 @@ class Poller:
         client = self._client
         details = {d.engine: d for d in client.engine_details()}
         self._forget_restarted(details)
+        self._forget_gone(details.keys())
         asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
         calls = []
         for inv in asked:
@@ -111,6 +134,7 @@ class Poller:
         for inv, outcomes in zip(asked, await asyncio.gather(*calls), strict=True):
             results[inv.method] = self._supported(inv, outcomes, details)
         duration = time.perf_counter() - started
+        self._forget_gone(client.engine_labels)  # the fan-out may have learnt other engines
         snap = self._build(results, details, duration, self._wall())
         self._publish(snap, results)
         return snap
@@ -129,6 +153,17 @@ class Poller:
             else:
                 kept.append(o)
         return require_type(inv, kept)
+
+    def _forget_gone(self, engines: Iterable[str]) -> None:
+        """Engines no longer in the fleet (HTTP mode: ranks a plugin-enabled server stopped
+        naming): forget what this poller and the counters keep of them (bounded series)."""
+        current = set(engines)
+        if self._engine_set == current:
+            return
+        self._engine_set = current
+        for engine in [e for e in self._last_success if e not in current]:
+            del self._last_success[engine]
+        self._stats.keep_engines(current)
 
     def _forget_restarted(self, details: dict[str, EngineDetail]) -> None:
         """An engine that handshook again may run another vLLM: ask it everything again."""
@@ -179,6 +214,7 @@ class Poller:
             expected=len(details),
             connected=self._client.connected_count(),
             poll_number=previous + 1,
+            fault_tolerance_known=self._client.supports(FAULT_STATUS),
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:

@@ -63,9 +63,16 @@ def freeze_startup_heap() -> int:
 class Exporter:
     """Everything one running exporter owns; ``start``/``stop`` bracket its background work."""
 
-    def __init__(self, config: ServeConfig, client: FleetClient | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        client: FleetClient | None = None,
+        faults: ProtocolErrorTally | None = None,
+    ) -> None:
+        """``client``: one built outside (in-process mode), with ``faults``, the tally it
+        counts into (so what it counts reaches ``vllm_dp_protocol_errors_total``)."""
         self.config = config
-        self.faults = ProtocolErrorTally()
+        self.faults = faults if faults is not None else ProtocolErrorTally()
         self.stats = Stats()
         self.client = (
             client
@@ -76,6 +83,7 @@ class Exporter:
                 relay_handshakes=self.stats.relay_handshakes,
                 state_file_writes=self.stats.state_file_writes,
                 on_change=self._on_fleet_change,
+                on_status=self._on_status_change,
             )
         )
         #: ``client`` as every caller uses it: each call's outcomes are counted on the way back.
@@ -120,6 +128,7 @@ class Exporter:
         than the state."""
         return (
             self.poller.snapshot.poll_number,
+            self.poller.republished,
             self.client.connected_count(),
             self.stats.generation,
             self.faults.generation,
@@ -156,6 +165,10 @@ class Exporter:
     def _on_fleet_change(self) -> None:
         """An engine came up or went down: poll now, so the change is published at once."""
         self.poller.poll_soon()
+
+    def _on_status_change(self) -> None:
+        """What an engine pushed changed: publish it at once, asking no engine anything."""
+        self.poller.republish()
 
     async def start(self) -> None:
         await self.client.start()

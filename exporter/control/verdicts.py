@@ -118,7 +118,9 @@ def classify_checksums(
 ) -> tuple[ActionVerdict, dict[str, EngineComparison]]:
     """``compute_weight_checksums`` of every engine compared across DP ranks
     (``exporter.fleetstate.checksums``): an engine that disagrees with the majority fails as
-    ``mismatch``. Also returns each compared engine's comparison."""
+    ``mismatch``; one that agrees but had nothing to compare (no checksums, or only digests of
+    empty input, which cannot tell two weights apart) as ``unverified``, so a verification
+    that verified nothing is no success. Also returns each compared engine's comparison."""
     flat: dict[str, dict[str, str]] = {}
     results: dict[str, EngineResult] = {}
     for o in calls:
@@ -132,11 +134,24 @@ def classify_checksums(
             results[o.engine] = EngineResult(o.engine, reason, error)
     comparisons = {c.engine: c for c in compare(flat)}
     for engine, c in comparisons.items():
-        reason = None if c.agrees_with_majority else "mismatch"
-        error = None if reason is None else f"{c.mismatches} parameters differ from the majority"
+        reason, error = None, None
+        if not c.agrees_with_majority:
+            reason, error = "mismatch", f"{c.mismatches} parameters differ from the majority"
+        elif c.compared == 0:
+            reason, error = "unverified", nothing_compared(c)
         results[engine] = EngineResult(engine, reason, error, c.mismatches)
     verdict = ActionVerdict(action, tuple(results[o.engine] for o in calls), False)
     return verdict, comparisons
+
+
+def nothing_compared(c: EngineComparison) -> str:
+    """Why an engine that agrees verified nothing."""
+    if c.parameters == 0:
+        return "no parameter could be compared: the engine returned no checksums"
+    return (
+        f"no parameter could be compared: all {c.parameters} checksums are the digest of "
+        "empty input, which cannot tell two weights apart"
+    )
 
 
 # -- answers -------------------------------------------------------------------------------
@@ -206,7 +221,8 @@ def add_comparisons(
     body: dict[str, Any], verdict: ActionVerdict, comparisons: Mapping[str, EngineComparison]
 ) -> None:
     """``verify_weights``' answer (``verdict_body`` of ``verdict``): each compared engine's
-    entry also carries its comparison."""
+    entry also carries its comparison (``parameters``, ``compared``, ``mismatches``,
+    ``unverifiable`` and the parameters behind the last two)."""
     for entry, e in zip(body["engines"], verdict.engines, strict=True):
         found = comparisons.get(e.engine)
         if found is not None:

@@ -9,7 +9,8 @@ the ``vllm_dp_*`` series: no new port, no new scrape configuration.
 vLLM's ``--api-key`` protects only ``/v1`` routes, so the admin routes refuse to run at all
 without the plugin's own token (``VLLM_DP_EXPORTER_ADMIN_TOKEN_FILE``); with it, they take the
 admin listener's whole path (constant-time token check, failed attempts throttled, bounded
-body, single flight, Idempotency-Key, rate limits, audit).
+body, single flight, Idempotency-Key, rate limits, audit). The throttle and the audit take the
+connection's peer address, not one a forwarding header put in its place (``exporter.embed.peer``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastapi.responses import RedirectResponse, Response
 from multidict import CIMultiDict
 
 from exporter.control.actions import ACTIONS, ActionSpec
+from exporter.embed.peer import FORWARDED_FOR, Peer, request_peer
 from exporter.embed.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 from exporter.metrics.families import Family
@@ -201,21 +203,28 @@ def admin_route(runtime: InProcessRuntime, spec: ActionSpec) -> Handler:
             return _unavailable(runtime)
         if exporter.config.admin_token is None:
             return json_response({"error": NO_TOKEN}, status=403)
-        status, body, headers = await admin.handle(from_starlette(request), spec)
+        client = request.scope.get("client")
+        peer = request_peer(request.receive, client, request.headers.raw)
+        claimed = FORWARDED_FOR.set(peer.forwarded)  # for this request's audit record
+        try:
+            status, body, headers = await admin.handle(from_starlette(request, peer), spec)
+        finally:
+            FORWARDED_FOR.reset(claimed)
         return json_response(body, status=status, headers=headers)
 
     handler.__name__ = f"dp_admin_{spec.name}"
     return handler
 
 
-def from_starlette(request: Request) -> AdminHttpRequest:
+def from_starlette(request: Request, peer: Peer) -> AdminHttpRequest:
     """The guards' view of a Starlette request: header values from the raw bytes (as
-    aiohttp hands them over: UTF-8, anything else as surrogate escapes)."""
+    aiohttp hands them over: UTF-8, anything else as surrogate escapes); the remote address
+    the connection's peer (None: unknown, one shared throttle key)."""
     headers: CIMultiDict[str] = CIMultiDict(
         (k.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for k, v in request.headers.raw
     )
     query = {k: request.query_params.getlist(k) for k in request.query_params}
-    remote = request.client.host if request.client is not None else None
+    remote = peer.address
 
     async def read_body(limit: int, timeout_s: float) -> bytes | tuple[int, str]:
         declared = request.headers.get("content-length")

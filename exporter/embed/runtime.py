@@ -16,11 +16,13 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.base.faults import ProtocolErrorTally
 from exporter.base.logs import configure_embedded_logging
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.client.inprocess import InProcessFleetClient
 from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
+from exporter.embed.peer import audit_with_peer
 from exporter.embed.shared import ProcessShare
 from exporter.embed.trainer import inprocess_config
 from exporter.embed.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
@@ -59,15 +61,20 @@ class InProcessRuntime:
     async def _start(self, engine_client: Any, args: Namespace | None) -> None:
         if engine_client is None:
             raise ExporterError("this vLLM server has no engine (the render server)")
-        config = plugin_config(self._environ)
+        # Off vLLM's event loop: the settings name files (token, config), and a slow read
+        # must never stall vLLM's requests.
+        config = await asyncio.to_thread(plugin_config, self._environ)
         if not logging.getLogger().handlers:  # vLLM configures its own logger only
             configure_embedded_logging(config.log_level, config.log_format)
         for warning in env_warnings(self._environ) + secret_file_warnings(config):
             log.warning("dp_exporter: %s", warning)
-        exporter = Exporter(config, client=InProcessFleetClient(core_of(engine_client)))
+        faults = ProtocolErrorTally()  # the client's counts reach the exporter's metrics
+        client = InProcessFleetClient(core_of(engine_client), faults=faults)
+        exporter = Exporter(config, client=client, faults=faults)
         self.server = api_server(engine_client, args)
         await exporter.start()
-        self.exporter, self.admin, self.problem = exporter, AdminController(exporter), None
+        admin = AdminController(exporter, audit=audit_with_peer)  # the peer, not a header's
+        self.exporter, self.admin, self.problem = exporter, admin, None
         directory = multiprocess_dir()
         if self.server.count > 1 and directory is not None:
             self.share = ProcessShare(
@@ -75,6 +82,7 @@ class InProcessRuntime:
                 self.server.index,
                 exporter.collector.families,
                 exporter.state_version,
+                count=self.server.count,
                 stale_s=max(60.0, 10 * config.poll_interval),
             )
             interval = min(1.0, config.poll_interval)

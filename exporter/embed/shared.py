@@ -8,7 +8,9 @@ that answers merges them (``exporter.metrics.merge``): gauges from API server 0,
 histograms summed over every process, each read from its file (its own included: up to a
 second old, the same whichever process answers). A file that cannot be read or believed is
 skipped with one warning per file and minute; a file older than ``stale_s`` (a process that is
-gone) is skipped.
+gone) is skipped. Only the files of API servers ``0 .. count-1`` are this deployment's: a file
+of another index (a previous run with more API servers, a stray copy) is skipped with a warning,
+never summed (its counters would jump in, then drop out a minute later: a counter reset).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from exporter.metrics.merge import BadShare, families_from_json, families_to_jso
 
 log = logging.getLogger("exporter.inprocess")
 
-FILE = re.compile(r"^vllm_dp_exporter\.(\d{1,4})\.json$")
+#: Only the name a process writes (no leading zero: ``01`` would stand in for API server 1).
+FILE = re.compile(r"^vllm_dp_exporter\.(0|[1-9][0-9]{0,3})\.json$")
 #: A process's file larger than this is not read.
 MAX_FILE_BYTES = 16 * 1024 * 1024
 WARN_EVERY_S = 60.0
@@ -43,8 +46,13 @@ class ProcessShare:
         families: Callable[[], list[Family]],
         version: Callable[[], Hashable],
         *,
+        count: int | None = None,
         stale_s: float = 60.0,
     ) -> None:
+        """``index`` of ``count`` API servers (None: ``index + 1``, the fewest there can be)."""
+        self.count = index + 1 if count is None else count
+        if not 0 <= index < self.count:
+            raise ValueError(f"API server index {index} is not below the count {self.count}")
         self.directory = Path(directory)
         self.index = index
         self.path = self.directory / f"vllm_dp_exporter.{index}.json"
@@ -112,20 +120,30 @@ class ProcessShare:
             match = FILE.match(entry.name)
             if match is None:
                 continue
-            families = self._read(entry, now)
+            index = int(match.group(1))
+            families = self._read(entry, now, index)
             if families is not None:
-                published[int(match.group(1))] = families
+                published[index] = families
         published.setdefault(self.index, own)
         leader = published.pop(0 if 0 in published else self.index)
         return merge_processes(leader, list(published.values()))
 
-    def _read(self, entry: os.DirEntry[str], now: float) -> list[Family] | None:
+    def _read(self, entry: os.DirEntry[str], now: float, index: int) -> list[Family] | None:
         try:
             info = entry.stat(follow_symlinks=False)
+            stale = now - info.st_mtime > self._stale_s
+            if index >= self.count:  # not this deployment's (a stale one: left in silence)
+                if not stale:
+                    self._warn(
+                        entry.path,
+                        f"{entry.path}: API server {index} is not one of this deployment's "
+                        f"{self.count}; skipped",
+                    )
+                return None
             if not entry.is_file(follow_symlinks=False) or info.st_size > MAX_FILE_BYTES:
                 self._warn(entry.path, f"{entry.path}: not a regular file under 16 MiB, skipped")
                 return None
-            if now - info.st_mtime > self._stale_s:
+            if stale:
                 return None  # a process that is gone (or stopped publishing)
             with open(entry.path, "rb") as handle:
                 data = handle.read(MAX_FILE_BYTES + 1)

@@ -10,11 +10,13 @@ two ``AsyncLLM``s in one process are two independent services.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from exporter.base.faults import ProtocolErrorTally
 from exporter.client.inprocess import InProcessFleetClient
 from exporter.config.settings import DERIVED, ENV_PREFIX, ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
@@ -61,6 +63,11 @@ async def start_exporter(
     env = os.environ if environ is None else environ
     listen = listen or env.get(ENV_PREFIX + "LISTEN") or DEFAULT_LISTEN
     admin_listen = admin_listen or env.get(ENV_PREFIX + "ADMIN_LISTEN") or DEFAULT_ADMIN_LISTEN
-    config = inprocess_config(env, listen=listen, admin_listen=admin_listen, **settings)
-    client = InProcessFleetClient(core_of(engine_client))
-    return await start_service(config, Exporter(config, client=client))
+    # Off the trainer's event loop (which runs its AsyncLLM): the settings name files.
+    config = await asyncio.to_thread(
+        inprocess_config, env, listen=listen, admin_listen=admin_listen, **settings
+    )
+    faults = ProtocolErrorTally()  # the client's counts reach the exporter's metrics
+    client = InProcessFleetClient(core_of(engine_client), faults=faults)
+    service = await start_service(config, Exporter(config, client=client, faults=faults))
+    return service

@@ -6,10 +6,18 @@ the parameter name. The same pipeline/context/tensor position and parameter must
 digest on every DP rank. Keys are compared per engine with the ``dp`` component removed (dense
 DP ranks all call themselves ``dp0``, which is why flattening every engine's maps into one
 dictionary, as a per-front-end checker does, loses ranks).
+
+A digest of empty input cannot tell two weights apart: vLLM hashes each parameter's bytes
+(``hashlib.sha256`` over the tensor viewed as bytes, ``vllm/model_executor/model_loader/
+weight_checksum.py``), and a tensor with no bytes (the CPU build's packed linear layers keep
+their weights elsewhere) hashes to ``e3b0c442...b855`` on every rank whatever it holds. A
+parameter whose digest is an empty-input digest on every engine that has it is *unverifiable*:
+not compared, listed apart; on some engines only, it is compared as usual (a mismatch).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -19,6 +27,31 @@ from typing import Any
 #: Mismatching parameters listed per engine in an answer (the count is always complete).
 MAX_LISTED = 20
 _DP = re.compile(r"(^|[/_.:-])dp\d+(?=[/_.:-]|$)")
+#: vLLM's algorithm (``compute_tensor_digests``, vLLM 0.32): SHA-256 of the bytes.
+VLLM_EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()  # e3b0c442...52b855
+
+
+def _empty_digests() -> frozenset[str]:
+    """vLLM's empty digest and every fixed-length ``hashlib`` algorithm's (a later vLLM may
+    change its algorithm; no digest of non-empty input is one of these)."""
+    found = {VLLM_EMPTY_DIGEST}
+    for name in hashlib.algorithms_guaranteed:
+        if name.startswith("shake_"):  # variable length: no one empty digest
+            continue
+        try:
+            found.add(hashlib.new(name, b"", usedforsecurity=False).hexdigest())
+        except ValueError:  # refused by this build (FIPS)
+            continue
+    return frozenset(found)
+
+
+#: Hex digests of empty input.
+EMPTY_DIGESTS = _empty_digests()
+
+
+def is_empty_digest(digest: str) -> bool:
+    """Whether ``digest`` is the hash of zero bytes (compared as lower-case hex)."""
+    return digest.strip().lower() in EMPTY_DIGESTS
 
 
 def comparison_key(key: str) -> str:
@@ -52,21 +85,31 @@ class EngineComparison:
     mismatches: int
     listed: tuple[str, ...]  # at most MAX_LISTED of the mismatching keys
     agrees_with_majority: bool
+    #: Parameters actually compared: ``parameters`` less the unverifiable ones.
+    compared: int = 0
+    #: Parameters whose digest is an empty-input digest on every engine that has them.
+    unverifiable: int = 0
+    unverifiable_listed: tuple[str, ...] = ()  # at most MAX_LISTED of them
 
 
 def compare(per_engine: Mapping[str, Mapping[str, str]]) -> list[EngineComparison]:
     """Each engine against the majority digest of every key over all engines given.
 
     A key missing on an engine counts as a mismatch for it; a key whose digests are split
-    without a strict majority counts as a mismatch for every engine holding it.
+    without a strict majority counts as a mismatch for every engine holding it. A key whose
+    digest is an empty-input digest on every engine holding it is unverifiable, not compared
+    (still a mismatch for an engine that lacks it).
     """
     keys: set[str] = set()
     for flat in per_engine.values():
         keys.update(flat)
     majority: dict[str, str | None] = {}
+    unverifiable: set[str] = set()
     for key in keys:
-        counts = Counter(flat[key] for flat in per_engine.values() if key in flat)
-        (digest, n), *rest = counts.most_common(2) or [("", 0)]
+        held = [flat[key] for flat in per_engine.values() if key in flat]
+        if all(is_empty_digest(digest) for digest in held):
+            unverifiable.add(key)
+        (digest, n), *rest = Counter(held).most_common(2) or [("", 0)]
         tie = bool(rest) and rest[0][1] == n
         majority[key] = None if tie or n * 2 <= len(per_engine) else digest
     out = []
@@ -74,9 +117,21 @@ def compare(per_engine: Mapping[str, Mapping[str, str]]) -> list[EngineCompariso
         bad = sorted(
             key
             for key in keys
-            if key not in flat or majority[key] is None or flat[key] != majority[key]
+            if key not in flat or (key not in unverifiable and flat[key] != majority[key])
         )
-        out.append(EngineComparison(engine, len(flat), len(bad), tuple(bad[:MAX_LISTED]), not bad))
+        blind = sorted(unverifiable.intersection(flat))
+        out.append(
+            EngineComparison(
+                engine,
+                len(flat),
+                len(bad),
+                tuple(bad[:MAX_LISTED]),
+                not bad,
+                compared=len(flat) - len(blind),
+                unverifiable=len(blind),
+                unverifiable_listed=tuple(blind[:MAX_LISTED]),
+            )
+        )
     return out
 
 
@@ -88,6 +143,9 @@ def comparison_json(results: Iterable[EngineComparison]) -> list[dict[str, Any]]
             "mismatches": r.mismatches,
             "mismatching_parameters": list(r.listed),
             "agrees_with_majority": r.agrees_with_majority,
+            "compared": r.compared,
+            "unverifiable": r.unverifiable,
+            "unverifiable_parameters": list(r.unverifiable_listed),
         }
         for r in results
     ]

@@ -81,6 +81,9 @@ class FleetSnapshot:
     expected: int
     connected: int
     poll_number: int
+    #: Whether this attach mode learns fault-tolerance statuses (relay mode cannot: the
+    #: engines push them to the front end).
+    fault_tolerance_known: bool = True
 
     def verdict(self, invariant: Invariant) -> ConsensusVerdict:
         return self.verdicts.get(invariant.method) or _unknown(invariant.method)
@@ -104,8 +107,9 @@ class FleetSnapshot:
 
     @property
     def faulty(self) -> tuple[str, ...]:
-        """Engines whose last fault-tolerance status is unhealthy or dead; the fleet is healthy
-        without any (an engine that never reported counts as healthy: vLLM pushes changes)."""
+        """Engines whose last fault-tolerance status is unhealthy, dead or unknown; the fleet
+        is healthy without any (an engine that never reported counts as healthy: vLLM pushes
+        changes)."""
         return tuple(
             e.engine for e in self.engines if e.detail.fault_status and e.detail.fault_status.faulty
         )
@@ -120,7 +124,9 @@ class FleetSnapshot:
         )
 
 
-def empty_snapshot(details: list[EngineDetail], expected: int, connected: int) -> FleetSnapshot:
+def empty_snapshot(
+    details: list[EngineDetail], expected: int, connected: int, fault_tolerance_known: bool = True
+) -> FleetSnapshot:
     """The snapshot before the first poll: every engine unknown."""
     return FleetSnapshot(
         taken_at_unix=0.0,
@@ -130,4 +136,5 @@ def empty_snapshot(details: list[EngineDetail], expected: int, connected: int) -
         expected=expected,
         connected=connected,
         poll_number=0,
+        fault_tolerance_known=fault_tolerance_known,
     )

@@ -110,16 +110,18 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engine_fault_tolerance_status",
         "gauge",
         ("engine", "status"),
-        "State set (healthy, unhealthy, dead): the engine's last status from vLLM's "
-        "fault-tolerance sentinel (--enable-fault-tolerance); absent while it never reported.",
+        "State set (healthy, unhealthy, dead, unknown): the engine's last status from vLLM's "
+        "fault-tolerance sentinel (--enable-fault-tolerance); unknown when the exporter cannot "
+        "read it or lost it (a restart without --state-file), never healthy; absent while it "
+        "never reported.",
         modes=("owner", "http", "inprocess"),
     ),
     MetricSpec(
         "vllm_dp_fault_tolerance_faulty_engines",
         "gauge",
         (),
-        "Engines whose last fault-tolerance status is unhealthy or dead (0: every rank that "
-        "reported is healthy); absent until some engine reported a status.",
+        "Engines whose last fault-tolerance status is unhealthy, dead or unknown (0: every "
+        "rank that reported is healthy); absent until some engine reported a status.",
         modes=("owner", "http", "inprocess"),
     ),
     MetricSpec(
@@ -127,16 +129,17 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("engine", "kind"),
         "Messages an engine sent unasked with vLLM's reserved call ids, by kind "
-        "(fault_tolerance_status, elastic_ep, other); never protocol errors.",
-        modes=("owner", "relay"),
+        "(fault_tolerance_status, elastic_ep, other); never protocol errors. Owner mode only: "
+        "engines push to client 0, the front end in relay mode.",
+        modes=("owner",),
     ),
     MetricSpec(
         "vllm_dp_engine_membership_event_timestamp_seconds",
         "gauge",
         ("engine", "event"),
         "Unix time of the engine's last elastic-EP notification (RECONFIGURE_FINISHED, "
-        "SHUTDOWN_COMPLETE) since its handshake.",
-        modes=("owner", "relay"),
+        "SHUTDOWN_COMPLETE) since its handshake. Owner mode only (pushes go to client 0).",
+        modes=("owner",),
         latest=True,
     ),
     MetricSpec(
@@ -261,7 +264,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         ("engine",),
         "Parameters whose weight checksum differs from the majority of DP ranks, in the last "
-        "verify_weights; absent before the first.",
+        "verify_weights; absent before the first, and for an engine none of whose checksums "
+        "could be compared (digests of empty input: unverifiable, never 0).",
     ),
     MetricSpec(
         "vllm_dp_engines_expected",

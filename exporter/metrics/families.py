@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import EngineDetail
-from exporter.client.pushes import FT_STATUSES
+from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.invariants import WEIGHT_VERSION
 from exporter.fleetstate.snapshot import FleetSnapshot
@@ -158,7 +158,7 @@ def _push_rows(b: _Builder, snap: FleetSnapshot) -> None:
     for e in snap.engines:
         ft = e.detail.fault_status
         if ft is not None:
-            status += [((e.engine, s), 1.0 if s == ft.status else 0.0) for s in FT_STATUSES]
+            status += [((e.engine, s), 1.0 if s == ft.status else 0.0) for s in FT_STATE_VALUES]
         pushes += [((e.engine, kind), float(n)) for kind, n in e.detail.pushes]
         m = e.detail.membership
         if m is not None:

@@ -193,6 +193,21 @@ class Stats:
                 self.reset_engine_failures[(engine, reason)] += 0
         self.generation += 1
 
+    def keep_engines(self, engines: Iterable[str]) -> None:
+        """Forget every per-engine counter of engines no longer in the fleet (a plugin-enabled
+        server's ranks follow its answers): their series end instead of piling up."""
+        kept = set(engines)
+        for key in [k for k in self.utility_calls if k[1] not in kept]:
+            del self.utility_calls[key]
+        for failure in [k for k in self.admin_action_failures if k[1] not in kept]:
+            del self.admin_action_failures[failure]
+        for reset in [k for k in self.reset_engine_failures if k[0] not in kept]:
+            del self.reset_engine_failures[reset]
+        for mapping in (self.confirmed_resets, self.last_resets, self.weight_checksum_mismatches):
+            for engine in [e for e in mapping if e not in kept]:
+                del mapping[engine]
+        self.generation += 1
+
     def record_calls(self, method: str, outcomes: Iterable[EngineOutcome]) -> None:
         hist = self.call_durations.labels(method)
         for o in outcomes:

@@ -40,6 +40,13 @@ WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", ""})
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?\Z")
 #: An endpoint is printable ASCII without spaces (ZMQ endpoints are URIs).
 _ENDPOINT_TEXT = re.compile(r"[!-~]+\Z")
+#: IPv6 ranges whose last 32 bits are the IPv4 address a connection ends up at: mapped
+#: (``::ffff:a.b.c.d``, ``IPv6Address.ipv4_mapped``), translated (``::ffff:0:a.b.c.d``, SIIT),
+#: compatible (``::a.b.c.d``, deprecated; ``::`` and ``::1`` are not) and NAT64's well-known
+#: prefix. 6to4 and Teredo name a gateway's IPv4 address, not the host's: left as IPv6.
+_IPV4_INSIDE_IPV6 = tuple(
+    ipaddress.IPv6Network(net) for net in ("::ffff:0:0:0/96", "::/96", "64:ff9b::/96")
+)
 #: vLLM's ``KVEventsConfig`` defaults (``vllm/config/kv_events.py``, 0.32 and 0.33), field order.
 DEFAULTS: dict[str, Any] = {
     "enable_kv_cache_events": False,
@@ -132,7 +139,12 @@ def is_bind_endpoint(endpoint: str) -> bool:
 def endpoint_target(
     endpoint: str, publisher: str, engine_host: str | None
 ) -> tuple[str | None, str | None]:
-    """(``host:port`` to connect to, None) or (None, why there is none)."""
+    """(``host:port`` to connect to, None) or (None, why there is none).
+
+    Every spelling of an address is that address (:func:`_host`): an IPv4 address written as
+    IPv6 (``[::ffff:10.9.9.9]``, ``[::ffff:a09:909]``, ...) is judged as the IPv4 endpoint it
+    is, which vLLM connects to, though its ``::`` makes vLLM bind it: listed only when it is
+    the engine's own address or the wildcard, so no spelling lists another host's address."""
     if publisher != "zmq":
         return None, f"publisher {publisher!r}: its endpoints are not vLLM's ZMQ ones"
     if endpoint.startswith("ipc://"):
@@ -143,27 +155,33 @@ def endpoint_target(
         return None, "not a tcp, ipc or inproc endpoint"
     host, _, port = endpoint[len("tcp://") :].rpartition(":")
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    address = _host(bare)
+    wildcard = bare in WILDCARD_HOSTS or address in WILDCARD_HOSTS
+    ipv4_as_ipv6 = ":" in bare and address is not None and ":" not in address
     # ``tcp://*:0`` registers as the concrete endpoint the engine bound (its node's IP and the
     # port it got), which reads like an endpoint it connects to: one at the engine's own
     # address is taken as bound (a consumer on the engine's host binding the address it gave
     # the engine is the one case this reads wrong).
-    bound_here = engine_host is not None and normalise_host(bare) == normalise_host(engine_host)
-    if not is_bind_endpoint(endpoint) and not bound_here:
+    bound_here = address is not None and address == normalise_host(engine_host)
+    binds = is_bind_endpoint(endpoint) and (wildcard or not ipv4_as_ipv6)
+    if not binds and not bound_here:
+        if ipv4_as_ipv6:
+            return None, f"IPv4 address {address} written as IPv6, not the engine's own"
         return None, "the engine connects to this address (a consumer binds it)"
     if not port.isdigit() or not 0 < int(port) <= 0xFFFF:
         return None, "no port to connect to"
-    if bare in WILDCARD_HOSTS:
+    if wildcard:
         if engine_host is None:
             return None, "a wildcard host, and the engine's address is unknown"
-        bare = engine_host
-    elif _host(bare) is None:
+        address = engine_host
+    elif address is None:
         return None, "a host that is neither a name nor an address"
-    shown = f"[{bare}]" if ":" in bare else bare
+    shown = f"[{address}]" if ":" in address else address
     return f"{shown}:{int(port)}", None
 
 
 def normalise_host(host: str | None) -> str | None:
-    """An address libzmq reported as a host for a target (IPv4-mapped IPv6 as IPv4); None
+    """An address libzmq reported as a host for a target (IPv4 inside IPv6 as IPv4); None
     for anything that is not one."""
     if not host:
         return None
@@ -171,13 +189,26 @@ def normalise_host(host: str | None) -> str | None:
 
 
 def _host(host: str) -> str | None:
+    """One spelling per address: IPv4 dotted, IPv6 compressed in lower case, an IPv4 address
+    inside IPv6 (:data:`_IPV4_INSIDE_IPV6`) as that IPv4 address; a DNS name as given; None
+    for anything else (a bare number, a character no name has)."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
         return host if _HOSTNAME.match(host) and not host.isdigit() else None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
+    if isinstance(address, ipaddress.IPv6Address):
+        inside = _ipv4_inside(address)
+        if inside is not None:
+            return str(inside)
     return str(address)
+
+
+def _ipv4_inside(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if int(address) > 1 and any(address in net for net in _IPV4_INSIDE_IPV6):
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
 
 
 def _endpoint_text(value: Any, name: str) -> str | None:

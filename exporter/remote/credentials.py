@@ -16,7 +16,12 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.config.rules import read_text_file, read_token_file
+from exporter.config.rules import (
+    check_regular_file,
+    no_passphrase,
+    read_text_file,
+    read_token_file,
+)
 from exporter.error import ConfigError
 
 #: The environment variable ``ctl`` reads basic-auth credentials from (``user:password``).
@@ -178,13 +183,22 @@ class Credentials:
         the client certificate. The server's name is always checked."""
         if self.ca_file is None and self.cert_file is None:
             return None
+        # Each file a regular one first: ssl opens them by path, and a FIFO would block it.
+        for path, what in (
+            (self.ca_file, "CA file"),
+            (self.cert_file, "client certificate"),
+            (self.key_file, "client key file"),
+        ):
+            if path is not None:
+                check_regular_file(path, what)
         try:
             ctx = ssl.create_default_context(cafile=self.ca_file)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"CA file {self.ca_file}: {_reason(exc)}") from None
         if self.cert_file is not None:
+            refuse = no_passphrase(f"client key {self.key_file or self.cert_file}")
             try:
-                ctx.load_cert_chain(self.cert_file, self.key_file)
+                ctx.load_cert_chain(self.cert_file, self.key_file, password=refuse)
             except (OSError, ssl.SSLError) as exc:
                 key = f" and key file {self.key_file}" if self.key_file else ""
                 raise ConfigError(

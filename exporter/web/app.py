@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 from aiohttp import web
 
+from exporter.base.ports import url_host
 from exporter.config.settings import ServeConfig
 from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.control.runtime import Exporter
@@ -176,7 +177,7 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
             f"--admin-listen {exporter.config.admin_listen}: {exc.strerror or exc}"
         ) from None
     port = runner.addresses[0][1] if runner.addresses else where[1]
-    app[ADMIN_URL_KEY] = f"{'https' if tls else 'http'}://{where[0]}:{port}"
+    app[ADMIN_URL_KEY] = f"{'https' if tls else 'http'}://{url_host(where[0])}:{port}"
     yield
     await admin_app[ADMIN_SHUTDOWN_KEY]()
     await runner.cleanup()

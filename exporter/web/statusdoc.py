@@ -147,8 +147,20 @@ def membership_json(m: MembershipEvent | None) -> dict[str, Any] | None:
     return {"event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
 
 
+#: ``fault_tolerance.note`` where the attach mode cannot know (relay: pushes go to client 0).
+FT_NOT_AVAILABLE = "not available in this attach mode (the engines push to the front end)"
+
+
 def fleet_fault_tolerance_json(snap: FleetSnapshot) -> dict[str, Any]:
-    """The fleet verdict: every rank that reported a fault-tolerance status is healthy."""
+    """The fleet verdict: every rank that reported a fault-tolerance status is healthy; null
+    (with a note) where the attach mode cannot know: unknown is never shown as healthy."""
+    if not snap.fault_tolerance_known:
+        return {
+            "healthy": None,
+            "faulty_engines": [],
+            "reported_engines": [],
+            "note": FT_NOT_AVAILABLE,
+        }
     faulty = list(snap.faulty)
     return {
         "healthy": not faulty,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.commands.ctl import format_status
+from exporter.remote.status import Status
 
 
 def _status(sleeping: bool, paused: bool | None) -> dict[str, Any]:
@@ -39,6 +40,20 @@ def test_the_table_names_faulty_ranks() -> None:
     assert "unhealthy (RuntimeError)" in row
     assert "FAULTY" not in format_status(_status(False, False))
     assert format_status(_status(False, False)).splitlines()[2].split()[6] == "-"
+
+
+def test_a_mode_that_cannot_know_says_so_and_never_healthy() -> None:
+    """E4: relay mode's null verdict reads as not available, in ctl and in exporter.remote."""
+    body = _status(False, False)
+    body["fault_tolerance"] = {
+        "healthy": None,
+        "faulty_engines": [],
+        "reported_engines": [],
+        "note": "not available in this attach mode",
+    }
+    head = format_status(body).splitlines()[0]
+    assert head.endswith("fault tolerance: not available in this mode")
+    assert Status.from_json(body).healthy is None
 
 
 def test_wait_healthy_asks_the_gate_for_healthy_ranks() -> None:

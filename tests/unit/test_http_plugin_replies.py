@@ -19,6 +19,7 @@ from exporter.client.http_plugin import (
 )
 from exporter.client.http_replies import fault_entries, worst_fault_status
 from exporter.fleetstate.invariants import is_unsupported
+from exporter.protocol.pushes import RankStatus
 from exporter.protocol.strings import MAX_ENGINE_STRING
 
 
@@ -151,8 +152,16 @@ def test_fault_entries_are_per_rank_and_the_worst_is_the_server_s() -> None:
         }
     ).encode()
     ranks = fault_entries(body)
-    assert ranks == [(0, "healthy", None), (1, "unhealthy", None), (2, "dead", "gone")]
+    assert ranks == [
+        RankStatus(0, "healthy", None),
+        RankStatus(1, "unhealthy", None),
+        RankStatus(2, "dead", "gone"),
+    ]
     assert worst_fault_status(ranks) == ("dead", "rank 1: unhealthy; rank 2: gone")
+    odd = json.dumps({"engines": [{"id": 0, "status": "healthy"}, {"id": 1, "status": 3}]})
+    ranks = fault_entries(odd.encode())
+    assert ranks[1].status == "unknown" and ranks[1].problem
+    assert worst_fault_status(ranks) == ("unknown", f"rank 1: {ranks[1].fault_info}")
     assert worst_fault_status([]) is None
     twice = {"engines": [{"id": 0, "status": "healthy"}, {"id": 0, "status": "dead"}]}
     with pytest.raises(ValueError, match="twice"):

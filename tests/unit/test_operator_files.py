@@ -13,10 +13,11 @@ from exporter.error import ConfigError
 from exporter.remote.credentials import BasicAuth
 
 
-def test_an_endless_file_is_one_error() -> None:
+def test_an_endless_device_is_one_error() -> None:
+    """E11: a character device (an endless one here) is not a regular file: refused unread."""
     if not os.path.exists("/dev/zero"):
         pytest.skip("no /dev/zero")
-    with pytest.raises(ConfigError, match="larger than 4 MiB"):
+    with pytest.raises(ConfigError, match="not a regular file"):
         read_text_file("/dev/zero", "config file")
 
 

@@ -28,12 +28,17 @@ from exporter.protocol.handshake import (
 from exporter.protocol.pushes import (
     EEP_NOTIFICATION_CALL_ID,
     FT_STATUS_CALL_ID,
+    FT_UNKNOWN,
+    MAX_FAULT_INFO,
     FaultStatus,
+    RankStatus,
     decode_eep_notification,
     decode_ft_status,
     encode_ft_status_value,
     push_kind,
+    read_rank_status,
 )
+from exporter.protocol.strings import is_cut
 from tests.harness.gatesample import gate_sample
 
 # -- decoders -------------------------------------------------------------------------------
@@ -46,8 +51,20 @@ def test_ft_status_payloads_as_vllm_builds_them() -> None:
         "fault_info": "RuntimeError",
     }
     assert encode_ft_status_value(2, "dead") == {"id": 2, "status": "dead"}
-    assert decode_ft_status({"id": 2, "status": "dead"}, 2) == ("dead", None)
-    assert decode_ft_status(encode_ft_status_value(0, "unhealthy", "x" * 5000), 0)[1] == "x" * 256
+    assert decode_ft_status({"id": 2, "status": "dead"}, 2) == RankStatus(2, "dead", None)
+    cut = decode_ft_status(encode_ft_status_value(0, "unhealthy", "x" * 5000), 0).fault_info
+    assert cut is not None and is_cut(cut) and len(cut.encode()) == MAX_FAULT_INFO
+
+
+def test_the_one_rule_keeps_the_status_whatever_fault_info_is() -> None:
+    """E1: pushes, the front end's table and HTTP answers read fault_info one way."""
+    for info, shown in ((7, "7"), (["RuntimeError"], "['RuntimeError']"), (None, None)):
+        value = {"id": 1, "status": "dead", "fault_info": info}
+        assert read_rank_status(value, 1) == RankStatus(1, "dead", shown)
+        assert decode_ft_status(value, 1) == RankStatus(1, "dead", shown)
+    failed = {"id": 0, "status": "unhealthy", "fault_info": "boom", "ft_error": 3}
+    assert read_rank_status(failed, 0).fault_info == "boom, recovery failed: 3"
+    assert read_rank_status({"id": 0, "status": "dead", "fault_info": 10**5000}, 0).status == "dead"
 
 
 @pytest.mark.parametrize(
@@ -56,24 +73,33 @@ def test_ft_status_payloads_as_vllm_builds_them() -> None:
         None,
         "ft",
         [0, "healthy"],
-        {"id": 1, "status": "healthy"},  # another engine's status on engine 0's connection
         {"id": True, "status": "healthy"},
+        {"id": "0", "status": "healthy"},
         {"id": 0, "status": "HEALTHY"},
+        {"id": 0, "status": "recovering"},
         {"id": 0},
     ],
 )
-def test_bad_ft_status_payloads_are_refused(value: Any) -> None:
+def test_an_unreadable_status_is_unknown_never_dropped(value: Any) -> None:
+    """E1: fail closed: the engine's own push it cannot read makes its status unknown."""
+    read = decode_ft_status(value, 0)
+    assert (read.rank, read.status) == (0, FT_UNKNOWN)
+    assert read.problem and read.fault_info and read.fault_info.startswith("unreadable status")
+
+
+def test_a_status_naming_another_engine_is_refused() -> None:
     with pytest.raises(ProtocolError) as err:
-        decode_ft_status(value, 0)
+        decode_ft_status({"id": 1, "status": "healthy"}, 0)
     assert err.value.kind == "bad_push"
 
 
 def test_eep_notifications_and_push_kinds() -> None:
-    assert decode_eep_notification(["RECONFIGURE_FINISHED", 3]) == ("RECONFIGURE_FINISHED", 3)
-    assert decode_eep_notification(["E" * 10**6, 0]) == ("E" * 64, 0)  # one bounded label value
-    for bad in (None, ["X"], ["X", "3"], [1, 2], ["X", 1, 2]):
+    assert decode_eep_notification(["RECONFIGURE_FINISHED", 3], 3) == ("RECONFIGURE_FINISHED", 3)
+    assert decode_eep_notification(["SHUTDOWN_COMPLETE", 0], 0) == ("SHUTDOWN_COMPLETE", 0)
+    bad_ones = (None, ["X"], ["X", "3"], [1, 2], ["X", 1, 2], ["E" * 10**6, 0], ["X", 0])
+    for bad in (*bad_ones, ["SHUTDOWN_COMPLETE", 1]):  # E9: known events, its own rank only
         with pytest.raises(ProtocolError):
-            decode_eep_notification(bad)
+            decode_eep_notification(bad, 0)
     assert push_kind(FT_STATUS_CALL_ID) == "fault_tolerance_status"
     assert push_kind(EEP_NOTIFICATION_CALL_ID) == "elastic_ep"
     assert push_kind(-7) == "other"

@@ -18,7 +18,12 @@ ENGINE_STATES = (
     ("unknown", 3, "orange"),
 )
 #: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}).
-FT_STATUSES = (("healthy", 0, "green"), ("unhealthy", 1, "orange"), ("dead", 2, "red"))
+FT_STATUSES = (
+    ("healthy", 0, "green"),
+    ("unhealthy", 1, "orange"),
+    ("dead", 2, "red"),
+    ("unknown", 3, "purple"),  # not readable, or lost at a restart: never healthy
+)
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 
 

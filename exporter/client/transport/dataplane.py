@@ -47,11 +47,17 @@ from exporter.client.transport.links import (
 from exporter.client.transport.linkstate import CALLABLE
 from exporter.client.transport.output import OutputReader
 from exporter.client.transport.state_check import StateExpectation
-from exporter.client.transport.state_file import StateFile, StateSnapshot, records_of
+from exporter.client.transport.state_file import (
+    StateFile,
+    StateSnapshot,
+    records_of,
+    unknown_since_restart,
+)
 from exporter.error import EngineUnavailable, ProtocolError
 from exporter.protocol import UTILITY_REQUEST_TYPE, RegistrationInfo, decode_registration
 from exporter.protocol.kv_events import KIND as KV_EVENTS_KIND
 from exporter.protocol.kv_events import with_engine_host
+from exporter.protocol.pushes import FaultStatus
 
 log = logging.getLogger("exporter.transport")
 
@@ -215,10 +221,11 @@ class EngineDataPlane(OutputReader):
             log.error("engine %d refused: %s", link.engine_index, reason)
             return
         link.refused = None
+        link.fault_status = None  # a new handshake: the engine starts healthy
         self._set_phase(link, Phase.UP)
         log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
         self._write_state()
-        self._listener.on_engine_up(link.engine_index)
+        self._listener.on_engine_up(link.engine_index, handshaken=True)
 
     # -- the state file ----------------------------------------------------------------------
 
@@ -246,8 +253,20 @@ class EngineDataPlane(OutputReader):
         expect = StateExpectation(
             self.input_address, shape.engine_count, shape.start_rank, engines, self.FIXED_SLOT
         )
-        if self._state.restore(links, expect, self.IGNORED_STATE):
+        restored = self._state.restore(links, expect, self.IGNORED_STATE)
+        for link in links.values():  # reattachable without a record (owner mode's fixed ports)
+            if link.phase is Phase.RESTORED and link.engine_index not in restored:
+                link.fault_status = unknown_since_restart()
+        if restored:
             self._changed.set()
+
+    def keep_fault_status(self, engine_index: int, status: FaultStatus | None) -> None:
+        """The engine's fault-tolerance status changed (the client decoded its push): kept in
+        the state file, so a restarted exporter does not read the engine as healthy."""
+        link = self._links[engine_index]
+        if link.fault_status != status:
+            link.fault_status = status
+            self._write_state()
 
     def confirm_dead(self, engine_index: int) -> None:
         """The engine is dead (its ENGINE_CORE_DEAD was confirmed): stop calling it."""

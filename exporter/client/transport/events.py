@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.protocol import EngineOutput, RegistrationInfo
+from exporter.protocol.pushes import FaultStatus
 
 
 class TransportListener(Protocol):
@@ -17,7 +18,10 @@ class TransportListener(Protocol):
 
     def on_engine_down(self, engine_index: int, reason: str) -> None: ...
 
-    def on_engine_up(self, engine_index: int) -> None: ...
+    def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
+        """The engine is callable: after a new handshake (``handshaken``: it starts over), or
+        reattached without one (the same engine process: what it said before still holds)."""
+        ...
 
     def on_death_claimed(self, engine_index: int) -> None:
         """ENGINE_CORE_DEAD arrived on a connection not known to be the engine's own: any peer
@@ -38,3 +42,5 @@ class LinkSnapshot:
     output_address: str
     #: Why the exporter does not use this engine (e.g. coordinated DP in owner mode).
     refused: str | None = None
+    #: Its fault-tolerance status as the link keeps it (restored from the state file).
+    fault_status: FaultStatus | None = None

@@ -11,6 +11,7 @@ import zmq
 import zmq.backend
 
 from exporter.protocol import RegistrationInfo
+from exporter.protocol.pushes import FaultStatus
 
 #: Frames above this are dropped and counted as ``oversized_frame`` before any decoding.
 MAX_FRAME_BYTES = 1024 * 1024
@@ -176,6 +177,9 @@ class EngineLink:
     live_peers: set[int] = field(default_factory=set, repr=False)
     #: The connection that delivered a reply to one of our calls: the engine's own.
     engine_fd: int | None = field(default=None, repr=False)
+    #: Its last fault-tolerance status (owner mode: what it pushed, recorded by the client),
+    #: kept in the state file: an engine pushes only on change, never again after a restart.
+    fault_status: FaultStatus | None = None
 
 
 def is_engine_connection(link: EngineLink, fd: int) -> bool:

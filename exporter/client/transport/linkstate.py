@@ -48,6 +48,7 @@ class LinkTable:
                 registration=link.registration,
                 output_address=link.output_address,
                 refused=link.refused,
+                fault_status=link.fault_status,
             )
             for link in self._links.values()
         ]

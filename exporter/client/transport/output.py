@@ -124,7 +124,7 @@ class OutputReader(LinkTable, abc.ABC):
             # A restarted exporter on fixed addresses, or a reconnection: the engine is back.
             log.info("engine %d reattached without a handshake", link.engine_index)
             self._set_phase(link, Phase.UP)
-            self._listener.on_engine_up(link.engine_index)
+            self._listener.on_engine_up(link.engine_index, handshaken=False)
         if self._listener.on_output(link.engine_index, output) and fd >= 0:
             link.engine_fd = fd  # it answered one of our calls: this connection is the engine
 

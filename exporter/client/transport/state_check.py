@@ -24,6 +24,7 @@ from exporter.protocol.handshake import (
     REGISTRATION_FACTS,
     registration_facts,
 )
+from exporter.protocol.pushes import FT_STATE_VALUES, MAX_FAULT_INFO, FaultStatus
 from exporter.protocol.utility import MAX_CLIENT_INDEX
 
 STATE_VERSION = 1
@@ -35,9 +36,13 @@ HEADER_BYTES = 8 * 1024
 #: One engine entry as ``write_state`` writes it at its largest: the addresses and slot, plus
 #: every registration fact (a string fact of ``MAX_REGISTRATION_STRING`` characters outside
 #: the basic plane is 12 bytes a character in JSON's ``\\ud83d\\ude00`` escapes).
-ENTRY_BYTES = 2 * 1024 + sum(
-    len(key) + 8 + (12 * MAX_REGISTRATION_STRING if kind is str else 24)
-    for key, kind in REGISTRATION_FACTS
+ENTRY_BYTES = (
+    2 * 1024
+    + sum(
+        len(key) + 8 + (12 * MAX_REGISTRATION_STRING if kind is str else 24)
+        for key, kind in REGISTRATION_FACTS
+    )
+    + 12 * MAX_FAULT_INFO  # fault_tolerance's fault_info (its other fields: in the 2 KiB)
 )
 TOP_KEYS = frozenset(
     {
@@ -59,8 +64,11 @@ ENTRY_KEYS = frozenset(
         "vllm_version",
         "enable_sleep_mode",
         "registration",
+        "fault_tolerance",
     }
 )
+#: ``fault_tolerance`` of an entry: the engine's last status (null: none since its handshake).
+FAULT_KEYS = frozenset({"status", "fault_info", "since_unix"})
 
 
 FACT_KEYS = frozenset(key for key, _ in REGISTRATION_FACTS)
@@ -80,6 +88,11 @@ class SlotRecord:
     enable_sleep_mode: bool | None = None
     #: The registration facts it kept (``exporter.protocol.handshake.REGISTRATION_FACTS``).
     facts: tuple[tuple[str, Any], ...] = ()
+    #: Its last fault-tolerance status (None: none since its handshake) ...
+    fault_status: FaultStatus | None = None
+    #: ... when the file says (a file of an older exporter, or a value that cannot be
+    #: believed, does not: the status is then not known, never healthy).
+    fault_status_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +240,28 @@ def _entry(entry: Any, expect: StateExpectation) -> SlotRecord:
     facts = registration_facts(registration)
     if len(facts) != len(registration):
         raise InvalidState(f"engine {index}'s registration {_short(registration)} has bad values")
-    return SlotRecord(index, identity, slot, output, version, sleep_mode, facts)
+    if "fault_tolerance" not in entry:
+        return SlotRecord(index, identity, slot, output, version, sleep_mode, facts, None, False)
+    status = fault_record(entry["fault_tolerance"])
+    known = status is not None or entry["fault_tolerance"] is None
+    return SlotRecord(index, identity, slot, output, version, sleep_mode, facts, status, known)
+
+
+def fault_record(value: Any) -> FaultStatus | None:
+    """An entry's ``fault_tolerance`` as ``write_state`` writes it; None for null and for a
+    value that cannot be believed (the caller tells the two apart: the latter is unknown)."""
+    if not isinstance(value, dict) or set(value) != FAULT_KEYS:
+        return None
+    status, info, since = value["status"], value["fault_info"], value["since_unix"]
+    if status not in FT_STATE_VALUES or type(since) not in (int, float) or not since >= 0:
+        return None
+    if info is not None:
+        try:
+            if not isinstance(info, str) or len(info.encode()) > MAX_FAULT_INFO:
+                return None
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape: no exposition takes it
+            return None
+    return FaultStatus(status, info, float(since))
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from exporter.client.transport.state_check import (
 )
 from exporter.error import ConfigError
 from exporter.protocol.handshake import RegistrationInfo
+from exporter.protocol.pushes import FT_UNKNOWN, FaultStatus
 
 log = logging.getLogger("exporter.transport")
 #: The outcomes of one write, the labels of ``vllm_dp_state_file_writes_total``.
@@ -61,6 +63,13 @@ def write_state(
                 "vllm_version": s.vllm_version,
                 "enable_sleep_mode": s.enable_sleep_mode,
                 "registration": dict(s.facts),
+                "fault_tolerance": None
+                if s.fault_status is None
+                else {
+                    "status": s.fault_status.status,
+                    "fault_info": s.fault_status.fault_info,
+                    "since_unix": s.fault_status.since_unix,
+                },
             }
             for s in slots
         ],
@@ -109,14 +118,26 @@ def records_of(links: Iterable[EngineLink]) -> list[SlotRecord]:
                 reg.vllm_version if reg else None,
                 reg.enable_sleep_mode if reg else None,
                 reg.facts if reg else (),
+                link.fault_status,
             )
         )
     return records
 
 
+#: ``fault_info`` of an engine reattached after an exporter restart with no record of its status.
+NOT_KNOWN_SINCE_RESTART = "not known since the exporter restarted (no record in the state file)"
+
+
+def unknown_since_restart() -> FaultStatus:
+    """The status of an engine that reattaches without a handshake and without a record: it
+    pushes only on change, so whatever it said before is lost (fail closed: not healthy)."""
+    return FaultStatus(FT_UNKNOWN, NOT_KNOWN_SINCE_RESTART, time.time())
+
+
 def restore_links(records: Iterable[SlotRecord], links: Mapping[int, EngineLink]) -> list[int]:
-    """Mark the links of validated records RESTORED, with their slot and registration details;
-    returns the engine indices restored."""
+    """Mark the links of validated records RESTORED, with their slot, registration details and
+    fault-tolerance status (unknown where the file does not say); returns the engine indices
+    restored."""
     restored = []
     for record in records:
         link = links[record.engine_index]
@@ -126,6 +147,9 @@ def restore_links(records: Iterable[SlotRecord], links: Mapping[int, EngineLink]
             vllm_version=record.vllm_version,
             enable_sleep_mode=record.enable_sleep_mode,
             facts=record.facts,
+        )
+        link.fault_status = (
+            record.fault_status if record.fault_status_known else unknown_since_restart()
         )
         restored.append(link.engine_index)
     return restored

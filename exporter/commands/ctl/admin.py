@@ -56,7 +56,8 @@ def format_reset(body: dict[str, Any]) -> str:
 
 def format_action(body: dict[str, Any]) -> str:
     """The answer of a collective action: one row per engine, and for ``verify_weights`` the
-    mismatch count per engine and the parameters that differ from the majority."""
+    mismatch count per engine, how many parameters were compared, those that could not be
+    (checksums of empty input) and those that differ from the majority."""
     verify = body.get("action") == "verify_weights"
     rows, notes = [], []
     for e in body.get("engines", []):
@@ -70,17 +71,37 @@ def format_action(body: dict[str, Any]) -> str:
                 text(e.get("error")),
             ]
         )
-        listed = e.get("mismatching_parameters") or []
-        if verify and listed:
-            shown = ", ".join(clean(p) for p in listed[:MAX_PARAMETERS_SHOWN])
-            more = len(listed) - MAX_PARAMETERS_SHOWN
-            notes.append(
-                f"engine {text(e.get('engine'))} differs on: {shown}"
-                + (f" (+{more} more)" if more > 0 else "")
-            )
+        if verify:
+            notes.extend(_verify_notes(e))
     headers = ["ENGINE", "OK", "REASON", "MISMATCHES" if verify else "STATE", "ERROR"]
     out = _head(clean(body.get("action", "action")), body) + "\n" + table(headers, rows)
     return "\n".join([out, *notes])
+
+
+def _names(listed: list[Any], total: int) -> str:
+    """At most MAX_PARAMETERS_SHOWN names, and how many more ``total`` has."""
+    shown = ", ".join(clean(p) for p in listed[:MAX_PARAMETERS_SHOWN])
+    more = max(total, len(listed)) - min(len(listed), MAX_PARAMETERS_SHOWN)
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+def _verify_notes(e: dict[str, Any]) -> list[str]:
+    """One engine's comparison under the table (each line starts with "engine <label>")."""
+    engine = f"engine {text(e.get('engine'))}"
+    notes = []
+    compared, unverifiable = e.get("compared"), e.get("unverifiable")
+    if isinstance(compared, int) and isinstance(unverifiable, int):  # an older exporter: none
+        line = f"{engine}: compared {compared} of {text(e.get('parameters'))} parameters"
+        if unverifiable:
+            line += f"; {unverifiable} unverifiable (checksum of empty input)"
+            listed = e.get("unverifiable_parameters") or []
+            if listed:
+                line += ": " + _names(listed, unverifiable)
+        notes.append(line)
+    listed = e.get("mismatching_parameters") or []
+    if listed:
+        notes.append(f"{engine} differs on: {_names(listed, len(listed))}")
+    return notes
 
 
 def _no_params(args: argparse.Namespace) -> dict[str, str]:

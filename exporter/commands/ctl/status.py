@@ -70,9 +70,12 @@ def format_status(body: dict[str, Any]) -> str:
         head += f"  weights {clean(text(weights.get('value')))}"
     elif weights.get("state") == "inconsistent":
         head += "  weights INCONSISTENT"
-    faulty = body.get("fault_tolerance", {}).get("faulty_engines") or []
+    fault_tolerance = body.get("fault_tolerance", {})
+    faulty = fault_tolerance.get("faulty_engines") or []
     if faulty:
         head += "  FAULTY " + ",".join(text(e) for e in faulty)
+    elif fault_tolerance.get("healthy", True) is None:
+        head += "  fault tolerance: not available in this mode"
     for verdict_body in (agg, weights):
         if verdict_body.get("error"):
             head += f"\n{clean(verdict_body['error'])}"

@@ -47,7 +47,7 @@ def add_wait_command(sub: Any) -> None:
     p.add_argument(
         "--healthy",
         action="store_true",
-        help="no rank reports an unhealthy or dead fault-tolerance status",
+        help="no rank reports an unhealthy, dead or unknown fault-tolerance status",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.base.ports import url_host
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.remote import ActionResult, Client, Credentials, RemoteError, Secret
 
@@ -222,7 +223,7 @@ async def serve_demo(
     from exporter.commands.service import serve
 
     host, port = config.listen_host_port
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else url_host(host)
     scheme = config.web.scheme if config.web is not None else "http"
     lines = [
         *headline,
@@ -235,7 +236,7 @@ async def serve_demo(
     tasks = []
     admin = config.admin_host_port
     if admin is not None:
-        admin_url = f"{scheme}://{admin[0]}:{admin[1]}"
+        admin_url = f"{scheme}://{url_host(admin[0])}:{admin[1]}"
         lines += _admin_lines(config, admin_url)
         blocked = trainer_blocked(config)
         if blocked is not None and reset_every > 0:

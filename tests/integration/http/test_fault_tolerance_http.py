@@ -14,6 +14,7 @@ from exporter.client.http import HttpFleetClient
 from exporter.client.http_fault import BAD_FT_ANSWER
 from exporter.client.http_replies import MAX_FT_ANSWER
 from exporter.control.attach import parse_targets
+from exporter.protocol.pushes import FT_STATE_VALUES
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
 from exporter.sim.api_server import sim_of, start_api_server
 from tests.harness.apiservers import HOST, ApiServer, StartApi, http_config
@@ -48,7 +49,7 @@ async def ft_state(ex: Service) -> dict[str, Any]:
     series = {
         e["engine"]: {
             s: metric_value(m, FT_FAMILY, engine=e["engine"], status=s)
-            for s in ("healthy", "unhealthy", "dead")
+            for s in FT_STATE_VALUES
             if metric_value(m, FT_FAMILY, engine=e["engine"], status=s) is not None
         }
         for e in doc["engines"]
@@ -62,7 +63,7 @@ async def ft_state(ex: Service) -> dict[str, Any]:
 
 
 def one_hot(status: str) -> dict[str, float]:
-    return {s: 1.0 if s == status else 0.0 for s in ("healthy", "unhealthy", "dead")}
+    return {s: 1.0 if s == status else 0.0 for s in FT_STATE_VALUES}
 
 
 async def gate(ex: Service) -> tuple[int, Any]:
@@ -162,6 +163,7 @@ async def test_target_without_the_route(
     assert ex.exporter.client.supports(FAULT_STATUS)
 
 
+#: Answers that cannot be read as a whole, or whose one rank's status cannot be read.
 HOSTILE = {
     "not_json": b"<html>502 Bad Gateway</html>",
     "deep_nesting": b'{"engines": ' + b"[" * 5000 + b"]" * 5000 + b"}",
@@ -169,11 +171,12 @@ HOSTILE = {
         {"engines": [{"id": "0", "status": "healthy"}, {"id": 1, "status": 3}]}
     ).encode(),
     "status_not_hashable": json.dumps({"engines": [{"id": 0, "status": ["dead"]}]}).encode(),
+    "unknown_status": json.dumps({"engines": [{"id": 0, "status": "recovering"}]}).encode(),
     "healthy_beside_a_bad_entry": json.dumps(
         {"engines": [{"id": 0, "status": "healthy"}, {"id": True, "status": "healthy"}]}
     ).encode(),
-    "fault_info_not_text": json.dumps(
-        {"engines": [{"id": 0, "status": "unhealthy", "fault_info": {"a": [1]}}]}
+    "a_rank_twice": json.dumps(
+        {"engines": [{"id": 0, "status": "healthy"}, {"id": 0, "status": "healthy"}]}
     ).encode(),
     "not_an_object": b'[{"id": 0, "status": "dead"}]',
     "too_long": b'{"engines": [' + b'{"id": 0, "status": "dead"},' * (MAX_FT_ANSWER // 20),
@@ -181,14 +184,14 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("body", HOSTILE.values(), ids=HOSTILE.keys())
-async def test_hostile_answer_changes_nothing(
+async def test_an_unreadable_answer_fails_closed(
     start_api: StartApi, start_exporter: ServiceFactory, body: bytes
 ) -> None:
+    """E1: a healthy target whose answer turns unreadable is unknown (never the healthy it
+    was), counted; /metrics and /status keep answering; readable again, healthy again."""
     apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True))
-    apis[0].sim.set_fault_status(0, "unhealthy", "RuntimeError")
     await ex.fresh_poll()
-    before = (await ft_state(ex))["entries"]["first"]
-    assert before["status"] == "unhealthy"
+    assert (await gate(ex))[0] == 200
     client = ex.exporter.client
     assert isinstance(client, HttpFleetClient)
     counted = client.faults.counts.get(BAD_FT_ANSWER, 0)
@@ -196,12 +199,35 @@ async def test_hostile_answer_changes_nothing(
     await ex.fresh_poll()
     await ex.fresh_poll()
     state = await ft_state(ex)  # /metrics and /status still answer
-    assert state["entries"]["first"] == before
-    assert state["series"]["first"] == one_hot("unhealthy")
+    assert state["entries"]["first"]["status"] == "unknown"
+    assert "unreadable status" in state["entries"]["first"]["fault_info"]
+    assert state["series"]["first"] == one_hot("unknown")
     assert state["series"]["middle"] == one_hot("healthy")
     assert client.faults.counts.get(BAD_FT_ANSWER, 0) >= counted + 2
-    status, _ = await gate(ex)
-    assert status == 412
+    status, body_ = await gate(ex)
+    assert status == 412 and body_["failing_engines"] == ["first"], body_
+    apis[0].sim.ft_answer = None
+    await ex.fresh_poll()
+    assert (await gate(ex))[0] == 200
+
+
+async def test_a_fault_info_that_is_not_text_keeps_the_status(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    """E1: the one rule of every mode: the status counts, fault_info is its repr, not counted."""
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True))
+    client = ex.exporter.client
+    assert isinstance(client, HttpFleetClient)
+    apis[1].sim.ft_answer = json.dumps(
+        {"engines": [{"id": 0, "status": "dead", "fault_info": {"a": [1]}}]}
+    ).encode()
+    await ex.fresh_poll()
+    await ex.fresh_poll()
+    entry = (await ft_state(ex))["entries"]["middle"]
+    assert entry["status"] == "dead" and entry["fault_info"] == "rank 0: {'a': [1]}"
+    assert client.faults.counts.get(BAD_FT_ANSWER, 0) == 0
+    status, body = await gate(ex)
+    assert status == 412 and body["failing_engines"] == ["middle"]
 
 
 async def test_huge_fault_info_is_cut(start_api: StartApi, start_exporter: ServiceFactory) -> None:

@@ -5,11 +5,13 @@ engines, read back through the embedded exporter's ``/metrics``, ``/status`` and
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from exporter.client.fleet import FAULT_STATUS
+from exporter.client.inprocess import InProcessFleetClient
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
 from exporter.web.app import RunningService
 from tests.harness.inprocess import (
@@ -144,35 +146,90 @@ def deep(levels: int) -> Any:
     return value
 
 
-async def test_odd_entries_are_ignored(
+async def test_odd_entries_fail_closed(
     sim_vllm_factory: SimVllmFactory, embedded: EmbeddedExporters
 ) -> None:
+    """E1: one rule with owner and HTTP mode: an entry whose status cannot be read is
+    ``unknown`` (never dropped, never healthy) and counted; a fault_info that is not text is
+    shown as its cut repr, the status kept."""
     sim = await sim_vllm_factory(7)
     hostile: dict[Any, Any] = {
         0: {"id": 0, "status": "sick"},
         6: {"id": 6, "status": ["dead"]},
         1: "garbage",
-        2: {"id": 2, "status": "dead"},
-        3: {"id": 4, "status": "dead"},  # another rank's payload
+        2: {"id": 2, "status": "dead", "fault_info": 7},
+        3: {"id": 4, "status": "dead"},  # another rank's payload under rank 3's key
         4: {"id": 4, "status": "unhealthy", "fault_info": deep(5000)},
         5: {"id": 5, "status": "unhealthy", "fault_info": "E" * 1_000_000},
-        "1": {"id": 1, "status": "dead"},
+        "1": {"id": 1, "status": "healthy"},  # not a rank vLLM's client keys by
     }
     sim.core._engine_status = hostile
     service = await serve(sim, embedded)
     _, doc = await get_json(service, "/status")
     entries = {e["engine"]: e["fault_tolerance"] for e in doc["engines"]}
-    assert [e for e, ft in entries.items() if ft is not None] == ["2", "5"]
-    assert entries["2"]["status"] == "dead"
+    assert {e: ft["status"] for e, ft in entries.items()} == {
+        "0": "unknown",
+        "1": "unknown",
+        "2": "dead",
+        "3": "unknown",
+        "4": "unhealthy",
+        "5": "unhealthy",
+        "6": "unknown",
+    }
+    assert entries["2"]["fault_info"] == "7"
+    assert "names engine 4" in entries["3"]["fault_info"]
     info = entries["5"]["fault_info"]
     assert info.startswith("EEE") and CUT_MARKER in info
     assert len(info.encode()) <= MAX_ENGINE_STRING
+    assert len(entries["4"]["fault_info"].encode()) <= MAX_ENGINE_STRING
     status, body = await get_json(service, "/gate?healthy=true")
-    assert (status, body["failing_engines"]) == (412, ["2", "5"])
+    assert (status, body["failing_engines"]) == (412, [str(r) for r in range(7)])
     async with http_session() as session, session.get(service.url + "/metrics") as resp:
         m = parse_metrics(await resp.text())
-    assert metric_value(m, "vllm_dp_fault_tolerance_faulty_engines") == 2
-    assert metric_value(m, FT_FAMILY, engine="0", status="healthy") is None
+    assert metric_value(m, "vllm_dp_fault_tolerance_faulty_engines") == 7
+    assert metric_value(m, FT_FAMILY, engine="0", status="unknown") == 1.0
+    bad = metric_value(m, "vllm_dp_protocol_errors_total", kind="bad_fault_tolerance_status")
+    assert bad is not None and bad >= 4
+
+
+class UnwalkableTable(dict[Any, Any]):
+    """vLLM's table as a hostile engine could fill it; walking it whole is a test failure."""
+
+    def _walked(self, *args: Any) -> Any:
+        raise AssertionError("the whole fault-tolerance table was walked on vLLM's loop")
+
+    __iter__ = items = keys = values = copy = __len__ = _walked
+
+
+async def test_ranks_vllm_does_not_manage_are_never_read(
+    sim_vllm_factory: SimVllmFactory,
+    embedded: EmbeddedExporters,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """E6: any engine can add entries to the table (vLLM keys it by the index a push carries):
+    20,000 phantom ranks are not read, recorded or logged, and the table is never walked."""
+    sim = await sim_vllm_factory(3)
+    table = UnwalkableTable()
+    for rank in range(3, 20_003):
+        dict.__setitem__(table, rank, {"id": rank, "status": "dead", "fault_info": "phantom"})
+    dict.__setitem__(table, 1, {"id": 1, "status": "unhealthy"})
+    sim.core._engine_status = table
+    caplog.set_level(logging.DEBUG)
+    service = await serve(sim, embedded)
+    _, doc = await get_json(service, "/status")
+    assert [e["engine"] for e in doc["engines"]] == ["0", "1", "2"]
+    assert [e["fault_tolerance"] and e["fault_tolerance"]["status"] for e in doc["engines"]] == [
+        None,
+        "unhealthy",
+        None,
+    ]
+    status, body = await get_json(service, "/gate?healthy=true")
+    assert (status, body["failing_engines"]) == (412, ["1"])
+    client = service.exporter.client
+    assert isinstance(client, InProcessFleetClient)
+    assert len(client.pushes.fault_status) == 1
+    phantom = [r for r in caplog.records if "phantom" in r.getMessage()]
+    assert phantom == [] and len(caplog.records) < 100
 
 
 async def test_fleet_client_reads_the_front_end_copy(sim_vllm: SimVllm) -> None:

@@ -19,10 +19,12 @@ import zmq.asyncio
 
 from exporter.protocol.pushes import (
     EEP_NOTIFICATION_CALL_ID,
+    FT_STATE_VALUES,
     FT_STATUS_CALL_ID,
     MAX_FAULT_INFO,
     encode_ft_status_value,
 )
+from exporter.protocol.strings import is_cut
 from exporter.protocol.utility import encode_utility_reply
 from exporter.sim.options import SimOptions
 from tests.harness.scrape import Families, metric_value
@@ -68,7 +70,8 @@ def ft_series(m: Families) -> dict[str, str]:
         if s.value == 1.0:
             found[s.labels["engine"]].append(s.labels["status"])
     assert all(len(v) == 1 for v in found.values()), found
-    assert all(len([s for s in m[FT].samples if s.labels["engine"] == e]) == 3 for e in found)
+    values = len(FT_STATE_VALUES)
+    assert all(len([s for s in m[FT].samples if s.labels["engine"] == e]) == values for e in found)
     return {e: v[0] for e, v in found.items()}
 
 
@@ -143,16 +146,22 @@ def nested(depth: int) -> Any:
     return value
 
 
-#: (call id, payload from engine 1): each malformed for its call id.
+#: (call id, payload from engine 1) that no engine may send: they change nothing.
 BAD_PUSHES = {
     "spoof_of_another_engine": (FT_STATUS_CALL_ID, encode_ft_status_value(0, "dead")),
-    "not_a_map": (FT_STATUS_CALL_ID, ["dead"]),
-    "unknown_status": (FT_STATUS_CALL_ID, {"id": 1, "status": "exploded"}),
-    "id_as_bool": (FT_STATUS_CALL_ID, {"id": True, "status": "dead"}),
-    "id_as_text": (FT_STATUS_CALL_ID, {"id": "1", "status": "dead"}),
-    "status_nested_500_deep": (FT_STATUS_CALL_ID, {"id": 1, "status": nested(500)}),
     "eep_not_a_pair": (EEP_NOTIFICATION_CALL_ID, "RECONFIGURE_FINISHED"),
     "eep_rank_as_text": (EEP_NOTIFICATION_CALL_ID, ["RECONFIGURE_FINISHED", "1"]),
+    "eep_of_another_rank": (EEP_NOTIFICATION_CALL_ID, ["SHUTDOWN_COMPLETE", 0]),
+    "eep_unknown_event": (EEP_NOTIFICATION_CALL_ID, ["x" * 60, 1]),
+}
+#: Status pushes from engine 1's own connection that cannot be read: engine 1's status is
+#: unknown from then on (fail closed), never the last one kept, never healthy.
+UNREADABLE_PUSHES = {
+    "not_a_map": ["dead"],
+    "unknown_status": {"id": 1, "status": "exploded"},
+    "id_as_bool": {"id": True, "status": "dead"},
+    "id_as_text": {"id": "1", "status": "dead"},
+    "status_nested_500_deep": {"id": 1, "status": nested(500)},
 }
 
 
@@ -174,6 +183,50 @@ async def test_a_malformed_push_is_bad_push_and_changes_nothing(
     assert [e["up"] for e in after] == [True] * 3
     code, body = await gate(fleet)
     assert code == 412 and body["failing_engines"] == ["1"]  # engine 0 was not made dead
+
+
+@pytest.mark.parametrize("case", UNREADABLE_PUSHES.values(), ids=UNREADABLE_PUSHES.keys())
+async def test_an_unreadable_status_push_makes_the_engine_unknown(
+    fleet_factory: ServiceFactory, case: Any
+) -> None:
+    """Reliability E1: a status the exporter cannot read is never healthy, never dropped."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    await ft(fleet, 1, "healthy")
+    assert (await gate(fleet))[0] == 200
+    await push(fleet, 1, FT_STATUS_CALL_ID, case)
+    assert push_errors(fleet) == {"bad_push": 1}
+    m = await fleet.scrape()
+    assert ft_series(m) == {"1": "unknown"} and metric_value(m, FAULTY) == 1.0
+    doc = await status(fleet)
+    mine = doc["engines"][1]["fault_tolerance"]
+    assert mine["status"] == "unknown" and mine["fault_info"].startswith("unreadable status")
+    assert doc["fault_tolerance"]["healthy"] is False
+    assert doc["fault_tolerance"]["faulty_engines"] == ["1"]
+    code, body = await gate(fleet)
+    assert code == 412 and body["failing_engines"] == ["1"], body
+    assert "unknown" in str(body["engines"][1]["failures"])
+    await ft(fleet, 1, "healthy")  # a readable status again: healthy again
+    assert (await gate(fleet))[0] == 200
+
+
+@pytest.mark.parametrize("position", POSITIONS.values(), ids=POSITIONS.keys())
+async def test_a_fault_info_that_is_not_text_keeps_the_status(
+    fleet_factory: ServiceFactory, position: int
+) -> None:
+    """Reliability E1: the one rule of every mode; the status is what counts."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    for info in (7, ["RuntimeError"]):
+        await push(
+            fleet,
+            position,
+            FT_STATUS_CALL_ID,
+            {"id": position, "status": "dead", "fault_info": info},
+        )
+        mine = (await status(fleet))["engines"][position]["fault_tolerance"]
+        assert (mine["status"], mine["fault_info"]) == ("dead", repr(info))
+        code, body = await gate(fleet)
+        assert code == 412 and body["failing_engines"] == [str(position)]
+    assert push_errors(fleet) == {}
 
 
 async def test_a_5000_deep_push_is_a_protocol_error_and_changes_nothing(
@@ -214,7 +267,7 @@ async def test_a_megabyte_of_fault_info_is_cut(fleet_factory: ServiceFactory) ->
     await ft(fleet, 2, "unhealthy", "x" * 1_000_000)
     doc = await status(fleet)
     info = doc["engines"][2]["fault_tolerance"]["fault_info"]
-    assert info.startswith("xxx") and 0 < len(info) <= MAX_FAULT_INFO
+    assert info.startswith("xxx") and is_cut(info) and len(info.encode()) == MAX_FAULT_INFO
     code, body = await gate(fleet)
     assert code == 412 and len(str(body)) < 10_000
     m = await fleet.scrape()
@@ -224,7 +277,7 @@ async def test_a_megabyte_of_fault_info_is_cut(fleet_factory: ServiceFactory) ->
     deep = {"id": 0, "status": "unhealthy", "fault_info": nested(400)}
     await push(fleet, 0, FT_STATUS_CALL_ID, deep)
     info = (await status(fleet))["engines"][0]["fault_tolerance"]["fault_info"]
-    assert info.startswith("[[[") and len(info) <= MAX_FAULT_INFO
+    assert info.startswith("[[[") and len(info.encode()) <= MAX_FAULT_INFO
     assert push_errors(fleet) == {}
 
 
@@ -360,3 +413,50 @@ async def test_relay_mode_cannot_answer_healthy(relayed: Service) -> None:
     assert (await relayed.get_json("/gate?sleeping=false"))[0] == 200
     m = await relayed.scrape()
     assert FT not in m and FAULTY not in m
+
+
+async def test_relay_mode_says_unknown_not_healthy(relayed: Service) -> None:
+    """E4: the engines push to the front end (client 0): /status says it cannot know, even
+    after an engine reported unhealthy (to the front end), never healthy."""
+    await relayed.engines[1].push(FT_STATUS_CALL_ID, encode_ft_status_value(1, "unhealthy", "x"))
+    await relayed.fresh_poll()
+    doc = await status(relayed)
+    assert doc["fault_tolerance"]["healthy"] is None
+    assert "not available" in doc["fault_tolerance"]["note"]
+    assert [e["fault_tolerance"] for e in doc["engines"]] == [None, None]
+    m = await relayed.scrape()
+    assert FT not in m and FAULTY not in m and PUSHES not in m
+
+
+async def test_a_push_is_published_without_polling_the_fleet(
+    fleet_factory: ServiceFactory,
+) -> None:
+    """E8: a status change one engine pushes is published at once (the snapshot republished),
+    and no engine is asked anything for it: a flood of changes from engine 0 costs the silent
+    engines no call (before, every change polled the whole fleet)."""
+    fleet = await fleet_factory(3, poll_interval=30.0, gate_min_interval=0.0)
+    await fleet.fresh_poll()
+    poller = fleet.exporter.poller
+    polls = poller.snapshot.poll_number
+    silent = [fleet.engines[1], fleet.engines[2]]
+    asked = [len(e.received) for e in silent]
+    await fleet.engines[0].push(FT_STATUS_CALL_ID, encode_ft_status_value(0, "dead"))
+    await eventually(
+        lambda: (
+            (ft := poller.snapshot.engines[0].detail.fault_status) is not None
+            and ft.status == "dead"
+        ),
+        what="the pushed status published",
+    )
+    m = await fleet.scrape()
+    assert ft_series(m) == {"0": "dead"}
+    for i in range(2000):
+        status = ("healthy", "unhealthy")[i % 2]
+        await fleet.engines[0].push(FT_STATUS_CALL_ID, encode_ft_status_value(0, status))
+    await eventually(lambda: total_pushes(fleet) == 2001, 30, "every push read")
+    snap = poller.snapshot
+    assert snap.engines[0].detail.fault_status is not None
+    assert snap.engines[0].detail.fault_status.status == "unhealthy"
+    assert poller.snapshot.poll_number == polls, "a push made the exporter poll"
+    assert [len(e.received) for e in silent] == asked
+    assert poller.republished >= 2

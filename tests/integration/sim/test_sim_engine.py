@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from exporter.base.ports import free_listen_port
+from exporter.base.ports import free_listen_port, ipv6_loopback
 from exporter.protocol import ENGINE_CORE_DEAD, encode_init
 from exporter.sim.engine import (
     COORDINATED_DP_SIZE,
@@ -276,16 +275,7 @@ async def test_coordinated_dp_registration_and_ready(rig_factory, coordinated: b
         assert ready.extra == {}
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback")
 async def test_bracketed_ipv6_addresses_enable_zmq_ipv6() -> None:
     """Handshake, input and output on tcp://[::1]:port; the engine's own context has no IPv6
     default, so it must set zmq.IPV6 per socket (as vLLM's make_zmq_socket does)."""

@@ -1,0 +1,130 @@
+"""A plugin target's ranks follow its ``/dp/gate`` answers (issue #30, item 5): at most 1,024 per
+target (an answer naming more is cut to its first 1,024), a rank missing from
+``RANK_ABSENT_ANSWERS`` answers in a row dropped — a server that scaled down no longer pins the
+fleet at ``unknown``, and a server naming new ranks every answer cannot grow the exporter.
+Real sockets both ways: hostile gate servers (``tests/harness/hostile_api.py``) and the exporter
+served over HTTP, the hostile target first, middle or last."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from exporter.client.http_plugin import MAX_ENGINES, RANK_ABSENT_ANSWERS
+from tests.harness.hostile_api import HostileApi, gate_doc, sidecar_over
+from tests.harness.scrape import parse_metrics, samples
+from tests.harness.service import Service
+from tests.harness.waiting import eventually
+
+POSITIONS = {"first": 0, "middle": 1, "last": 2}
+GATE = "/dp/gate"
+
+
+@contextlib.asynccontextmanager
+async def sidecar(
+    position: int, call_timeout: float = 1.0
+) -> AsyncIterator[tuple[Service, HostileApi]]:
+    """An exporter over three plugin targets ``t0..t2`` naming ranks 0 and 1; the test sets
+    what the one at ``position`` answers (before its first poll: ranks 0 and 1 too)."""
+    async with sidecar_over(
+        lambda _, api: api.json(GATE, gate_doc([0, 1])),
+        plugin=True,
+        poll_interval=0.2,
+        call_timeout=call_timeout,
+    ) as (service, apis):
+        yield service, apis[position]
+
+
+def labels_of(run: Service, target: str) -> list[str]:
+    return [label for label in run.exporter.client.engine_labels if label.startswith(target + "/")]
+
+
+async def status(run: Service) -> dict[str, Any]:
+    """``/status``, answered within a few seconds."""
+    return await asyncio.wait_for(run.status(), 4)
+
+
+async def engine_up_labels(run: Service) -> set[str]:
+    """The engines ``/metrics`` carries a ``vllm_dp_engine_up`` for (scraped within seconds)."""
+    families = parse_metrics(await asyncio.wait_for(run.metrics(), 4))
+    return {s.labels["engine"] for s in samples(families, "vllm_dp_engine_up")}
+
+
+@pytest.mark.parametrize("position", list(POSITIONS))
+async def test_ranks_follow_a_server_that_scales_down_and_up(position: str) -> None:
+    target = f"t{POSITIONS[position]}"
+    four = [f"{target}/{r}" for r in range(4)]
+    async with sidecar(POSITIONS[position]) as (run, api):
+        api.json(GATE, gate_doc(range(4)))
+        await eventually(lambda: labels_of(run, target) == four, 10, "four ranks named")
+        await run.fresh_poll()
+        assert (await status(run))["aggregate"]["is_sleeping"]["state"] == "consistent"
+
+        # Scaled down to two ranks: ranks 2 and 3 are dropped, not kept as disconnected.
+        asked = api.asked[GATE]
+        api.json(GATE, gate_doc([0, 1]))
+        await eventually(lambda: labels_of(run, target) == four[:2], 15, "ranks 2, 3 dropped")
+        assert api.asked[GATE] - asked >= RANK_ABSENT_ANSWERS  # not at the first answer
+        await run.fresh_poll()
+        doc = await status(run)
+        engines = [e["engine"] for e in doc["engines"]]
+        assert not set(four[2:]) & set(engines), engines
+        assert len(engines) == 6 and doc["engines_expected"] == 6
+        assert doc["aggregate"]["is_sleeping"]["state"] == "consistent", doc["aggregate"]
+        assert not set(four[2:]) & await engine_up_labels(run)
+        gate_status, _ = await run.get_json("/gate?sleeping=false")
+        assert gate_status == 200
+
+        # Scaled up again: the ranks are back at the first answer naming them.
+        api.json(GATE, gate_doc(range(4)))
+        await eventually(lambda: labels_of(run, target) == four, 10, "four ranks again")
+
+
+@pytest.mark.parametrize("position", list(POSITIONS))
+async def test_a_server_naming_other_ranks_every_answer_stays_within_1024(position: str) -> None:
+    """Each answer names other ranks, 700 or 5,000 of them: the target never has more than
+    1,024 engines, and ``/status`` and ``/metrics`` keep answering within seconds."""
+    target = f"t{POSITIONS[position]}"
+    answers = itertools.count()
+
+    def rotating() -> dict[str, Any]:
+        n = next(answers)
+        start = (n * 5000) % 90000
+        return gate_doc(range(start, start + (5000 if n % 2 else 700)))
+
+    async with sidecar(POSITIONS[position], call_timeout=2.0) as (run, api):
+        api.json(GATE, rotating)
+        asked = api.asked[GATE]
+        most = 0
+        deadline = asyncio.get_running_loop().time() + 30
+        while api.asked[GATE] - asked < 8:  # eight answers, each naming other ranks
+            most = max(most, len(labels_of(run, target)))
+            assert most <= MAX_ENGINES, most
+            assert asyncio.get_running_loop().time() < deadline, "eight gate answers"
+            await asyncio.sleep(0.05)
+        await run.fresh_poll()
+        most = max(most, len(labels_of(run, target)))
+        assert 0 < most <= MAX_ENGINES
+        doc = await status(run)
+        assert len(doc["engines"]) <= MAX_ENGINES + 4
+        ups = await engine_up_labels(run)
+        assert len([u for u in ups if u.startswith(target + "/")]) <= MAX_ENGINES
+        # The counters of ranks that left end too: the label set stays bounded (E5).
+        calls = {e for _, e, _ in run.exporter.stats.utility_calls if e.startswith(target + "/")}
+        assert len(calls) <= MAX_ENGINES, len(calls)
+
+
+async def test_an_answer_naming_more_than_1024_ranks_is_cut_to_its_first_1024() -> None:
+    async with sidecar(POSITIONS["middle"], call_timeout=2.0) as (run, api):
+        api.json(GATE, gate_doc(range(5000)))
+        want = [f"t1/{r}" for r in range(MAX_ENGINES)]
+        await eventually(lambda: labels_of(run, "t1") == want, 15, "the first 1,024 ranks")
+        await run.fresh_poll()
+        doc = await status(run)
+        outcomes = {e["invariants"]["is_sleeping"]["outcome"] for e in doc["engines"]}
+        assert outcomes == {"ok"} and len(doc["engines"]) == MAX_ENGINES + 4

@@ -1,0 +1,54 @@
+"""``GET /gate`` asks each engine only what its conditions need (``is_sleeping`` always: every
+engine must answer), every read method without conditions (what HTTP mode reads from a
+plugin-enabled server's ``/dp/gate``). Real ZMQ and real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.harness.service import RecordingSimEngine, ServiceFactory
+
+QUERIES = {
+    "healthy": ("/gate?healthy=true", {"is_sleeping"}),
+    "paused": ("/gate?paused=false", {"is_sleeping", "is_scheduler_paused"}),
+    "weights": ("/gate?weight_version=v1&healthy=true", {"is_sleeping", "get_weight_version"}),
+    "none": ("/gate", {"is_sleeping", "is_scheduler_paused", "get_weight_version"}),
+}
+
+
+def asked(engines: list[RecordingSimEngine], since: list[int]) -> list[Counter[str]]:
+    return [Counter(m for m, _ in e.received[n:]) for e, n in zip(engines, since, strict=True)]
+
+
+@pytest.mark.parametrize("query", QUERIES.values(), ids=QUERIES.keys())
+async def test_the_gate_asks_only_what_its_conditions_need(
+    fleet_factory: ServiceFactory, query: tuple[str, set[str]]
+) -> None:
+    path, methods = query
+    fleet = await fleet_factory(3, poll_interval=30.0, gate_min_interval=0.0)
+    await fleet.fresh_poll()
+    engines = list(fleet.engines)
+    since = [len(e.received) for e in engines]
+    polls = fleet.exporter.poller.snapshot.poll_number
+    code, body = await fleet.get_json(path)
+    assert code in (200, 412), body
+    assert fleet.exporter.poller.snapshot.poll_number == polls  # no poll in between
+    assert [set(c) for c in asked(engines, since)] == [methods] * 3
+    assert all(n == 1 for c in asked(engines, since) for n in c.values())
+
+
+async def test_a_narrow_sample_is_not_reused_for_a_wider_question(
+    fleet_factory: ServiceFactory,
+) -> None:
+    fleet = await fleet_factory(2, poll_interval=30.0, gate_min_interval=60.0)
+    await fleet.fresh_poll()
+    assert (await fleet.get_json("/gate?healthy=true"))[0] == 200
+    since = [len(e.received) for e in fleet.engines]
+    code, body = await fleet.get_json("/gate?paused=false")
+    assert code == 200 and all("paused" in e["values"] for e in body["engines"]), body
+    assert all(c["is_scheduler_paused"] == 1 for c in asked(list(fleet.engines), since))
+    since = [len(e.received) for e in fleet.engines]
+    assert (await fleet.get_json("/gate?healthy=true"))[0] == 200  # the wider one serves it
+    assert all(not c for c in asked(list(fleet.engines), since))
