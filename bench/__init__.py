@@ -1,4 +1,4 @@
 """Benchmarks of the exporter against simulated engines in separate processes (``make bench``).
 
-``python -m bench.run`` writes ``docs/benchmarks.md``; see ``bench/run.py`` for the options.
+``python -m bench.run`` writes ``docs/benchmarks/README.md``; see ``bench/run.py`` for the options.
 """

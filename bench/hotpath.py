@@ -1,7 +1,7 @@
 """``python -m bench.hotpath``: what one engine's reply costs the exporter, piece by piece.
 
-The measurements behind the per-reply decisions in ``exporter/client/transport/links.py`` and the
-value types (docs/benchmarks.md, "CPU per call"): a ``ZMQ_EVENTS`` probe (a ``poll`` system
+The measurements behind the per-reply decisions in ``exporter/client/enginecore/links.py`` and the
+value types (docs/benchmarks/README.md, "CPU per call"): a ``ZMQ_EVENTS`` probe (a ``poll`` system
 call inside libzmq plus pyzmq's option lookup) against a receive that finds nothing (a
 ``zmq.Again`` exception), a zero-copy receive with its source descriptor against a copying
 one, and a frozen dataclass against a frozen ``msgspec.Struct`` for the per-engine outcome.
@@ -20,8 +20,8 @@ import msgspec
 import msgspec.structs
 import zmq
 
+from exporter.client.enginecore.links import EVENTS, NOBLOCK, SRCFD, get_option, recv_frame
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.client.transport.links import EVENTS, NOBLOCK, SRCFD, get_option, recv_frame
 
 ROUNDS = 3
 

@@ -23,7 +23,7 @@ from bench.floor import FloorClient, consensus
 from bench.procs import engine_fleet, free_address
 from bench.profiling import Profile, profile_async, profile_sync
 from bench.tail import CallSample, GcClock, Tail, percentile, tail_of
-from exporter.client.engine_core import EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
 from exporter.config.settings import resolve_config
 from exporter.control.runtime import Exporter, freeze_startup_heap, gc_paused
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus

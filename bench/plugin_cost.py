@@ -1,6 +1,6 @@
 """The ``dp_exporter`` plugin's cost on serving, against real vLLM 0.32 on CPU:
 ``python -m bench.plugin_cost [--runs 5] [--seconds 20] [--clients 4] [--max-tokens 32]
-[--out docs/benchmarks-inprocess.md] [--log-dir DIR]``.
+[--out docs/benchmarks/inprocess.md] [--log-dir DIR]``.
 
 The last part of ``make bench`` (``BENCH_VLLM=0`` skips it): it needs the e2e suite's cached
 vLLM (``e2e.vllm_install``; the first use installs it, minutes) and this checkout installed in
@@ -59,7 +59,7 @@ from e2e.procs import Managed, ProcessGroup, descendants, first_exited, process_
 from e2e.traffic import complete
 from e2e.vllm_runtime import VllmRuntime, prepare_runtime, wait_api_ready
 
-DEFAULT_OUT = "docs/benchmarks-inprocess.md"
+DEFAULT_OUT = "docs/benchmarks/inprocess.md"
 HEADING = "# In-process mode: the plugin's cost on serving"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 WARMUP_S = 3.0

@@ -1,7 +1,7 @@
 """``python -m bench.plugin_loop``: what the in-process exporter costs vLLM's event loop.
 
 The ``dp_exporter`` plugin polls in vLLM's own event loop. This benchmark stands in for that
-loop: a simulated ``AsyncLLM`` (``exporter.sim.vllm_client``, vLLM's engine-core semantics)
+loop: a simulated ``AsyncLLM`` (``bench.sim_vllm``, vLLM's engine-core semantics)
 whose engines run in other processes, and a probe task that sleeps 5 ms again and again and
 records how late it wakes (the loop's lag: any callback that blocks the loop shows in it).
 Phases alternate without and with the plugin's runtime (``InProcessRuntime``, polling every
@@ -10,7 +10,7 @@ engine count, and the report compares the lag and this process's CPU time per po
 times one ``/metrics`` render of the ``vllm_dp_*`` series on the loop.
 
 Options: ``--sizes 2,8,64``, ``--phase-seconds 8``, ``--repeats 3``, ``--poll-interval 1``,
-``--out docs/benchmarks-plugin-loop.md`` (``-`` for stdout only), ``--quick``.
+``--out docs/benchmarks/plugin-loop.md`` (``-`` for stdout only), ``--quick``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from bench.procs import engine_fleet, free_address
 from bench.report_model import machine_lines
+from bench.sim_vllm import start_sim_vllm
 from exporter.base import eventloop
 from exporter.embed.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
-from exporter.sim.vllm_client import start_sim_vllm
 
 PROBE_S = 0.005
 
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--phase-seconds", type=float, default=8.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--poll-interval", type=float, default=1.0)
-    p.add_argument("--out", default="docs/benchmarks-plugin-loop.md")
+    p.add_argument("--out", default="docs/benchmarks/plugin-loop.md")
     p.add_argument("--quick", action="store_true", help="2 engines, 1 s phases, once")
     args = p.parse_args(argv)
     if args.quick:

@@ -1,4 +1,5 @@
-"""The Markdown report (docs/benchmarks.md): the before/after table, the goals, every section."""
+"""The Markdown report (docs/benchmarks/README.md): the before/after table, the goals, every
+section."""
 
 from __future__ import annotations
 

@@ -327,7 +327,7 @@ def findings(report: Report, profiles: list[Profile]) -> list[str]:
         "`_add_recv_event` and `_handle_events` per reply on each engine's PULL, a Future per "
         "send), and a scrape spent most of its time in prometheus_client's generic "
         "`generate_latest` (per-sample name validation with regexes, escaping). Changes: the "
-        "data-plane sockets (`exporter/client/transport/dataplane.py`) are plain pyzmq "
+        "data-plane sockets (`exporter/client/enginecore/dataplane.py`) are plain pyzmq "
         "sockets driven "
         "by `loop.add_reader` and drained until EAGAIN, with the Cython `send`/`recv` called "
         "with int flags; `/metrics` renders rows built once (`exporter/metrics/families.py`) "

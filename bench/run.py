@@ -1,7 +1,7 @@
-"""``python -m bench.run``: run the benchmarks and write docs/benchmarks.md.
+"""``python -m bench.run``: run the benchmarks and write docs/benchmarks/README.md.
 
 Options: ``--quick`` (tiny smoke configuration, seconds), ``--out PATH`` (default
-docs/benchmarks.md), ``--sizes 1,8,64,256,1024`` (engine counts for the in-process tables),
+docs/benchmarks/README.md), ``--sizes 1,8,64,256,1024`` (engine counts for the in-process tables),
 ``--log-dir DIR`` (engine/serve logs; default a temporary directory), ``--skip-service``
 (in-process tables only), ``--compare PATH`` (an earlier report, which may be the ``--out`` file
 itself: adds a before/after table from the results embedded at the end of that report),
@@ -36,7 +36,7 @@ QUICK_SIZES = (1, 2)
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
-    p.add_argument("--out", default="docs/benchmarks.md", help="Markdown report path")
+    p.add_argument("--out", default="docs/benchmarks/README.md", help="Markdown report path")
     p.add_argument("--sizes", help="comma-separated engine counts (default 1,8,64,256,1024)")
     p.add_argument("--log-dir", help="directory for engine and serve logs")
     p.add_argument("--skip-service", action="store_true", help="only the in-process tables")

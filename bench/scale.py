@@ -40,8 +40,8 @@ from bench.procs import (
     stop_process,
 )
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.transport import sockets
-from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.client.enginecore import sockets
+from exporter.client.owner.transport import OwnerConfig, OwnerTransport
 from exporter.protocol import EngineOutput
 
 FRONTEND = """

@@ -100,7 +100,7 @@ def run_statuspage(sizes: Sequence[int] = SIZES, iterations: int = 50) -> list[P
 
 
 def section(results: Sequence[PageResult], iterations: int = 50) -> list[str]:
-    """The Markdown section of docs/benchmarks.md."""
+    """The Markdown section of docs/benchmarks/README.md."""
     out = [
         HEADING,
         "",

@@ -60,3 +60,8 @@ class InconsistentUtilityResults(ExporterError):
         else:
             text = f"engines returned different {method} results: {self.values!r}"
         super().__init__(text)
+
+
+class StartupError(ExporterError):
+    """The service could not start: a socket could not be bound (the message names it). The
+    engine-facing client raises it for its own sockets, so nothing above it knows ZMQ."""

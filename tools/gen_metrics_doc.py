@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "metrics.md"
 sys.path.insert(0, str(ROOT))
 
-from exporter.client.transport.state_file import STATE_FILE_OUTCOMES  # noqa: E402
+from exporter.client.enginecore.state_file import STATE_FILE_OUTCOMES  # noqa: E402
 from exporter.metrics.catalog import (  # noqa: E402
     CALL_OUTCOMES,
     ENGINE_STATES,
@@ -70,6 +70,25 @@ FOOTER = f"""
 
 Note that vLLM's `is_sleeping` is also true while an engine's scheduler is merely paused; the
 `paused` engine state tells the two apart.
+
+## Where each group is explained
+
+- the engines' and the fleet's state, as `/status` shows it: [status.md](status.md)
+- fault tolerance, membership and what each engine registered:
+  [fault-tolerance.md](fault-tolerance.md)
+- prefix-cache resets, and per engine whatever action reset it (admin reset, pause, sleep):
+  [admin.md](admin.md#per-engine-reset-times-and-kv-events-endpoints)
+- RL invariants, admin actions and weight checksums: [rl.md](rl.md)
+- relay handshakes and the state file: [deployment-relay.md](deployment-relay.md)
+- the alerts on these series: [runbooks.md](runbooks.md)
+
+## The exporter's own resources
+
+The exporter's own resource use comes with every scrape as the standard `process_*` (memory,
+CPU, open file descriptors) and `python_*` (version, garbage collection) series of
+prometheus_client, in its own registry. Inside `vllm serve` the series follow vLLM's own on
+vLLM's `/metrics` (no `process_*` of the exporter's: the process is vLLM's;
+[inprocess.md](inprocess.md#metrics-on-vllms-metrics)).
 """
 
 

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("exporter.protocol_errors")
-#: Unexpected engine identities kept for /status (a hostile peer can send any number).
-MAX_UNEXPECTED = 64
 http_log = logging.getLogger("exporter.http")
 
 
@@ -32,11 +30,6 @@ class ProtocolErrorTally:
     task_failures: dict[str, int] = field(default_factory=dict)
     #: Malformed HTTP requests by listener (``metrics``, ``admin``).
     http_bad_requests: dict[str, int] = field(default_factory=dict)
-    #: Handshakes from identities outside the expected engine set (``--engine-count``,
-    #: ``--start-rank``), by identity in hex: (DP rank or None, handshakes, last seen, unix).
-    #: At most ``MAX_UNEXPECTED`` identities, the most recent kept.
-    unexpected_engines: dict[str, tuple[int | None, int, float]] = field(default_factory=dict)
-    wall_clock: Callable[[], float] = time.time
     #: Bumped on every record: part of the render cache's generation.
     generation: int = 0
     _last_logged: dict[str, float] = field(default_factory=dict)
@@ -68,17 +61,6 @@ class ProtocolErrorTally:
             http_log.warning(
                 "malformed HTTP request on the %s listener: %s%s", listener, detail, more
             )
-
-    def unexpected_engine(self, identity: bytes) -> None:
-        """A handshake from an engine outside the expected set (a DP scale-up the exporter was
-        not restarted for, a wrong ``--start-rank``): listed, not only counted."""
-        key = identity[:32].hex()
-        rank = int.from_bytes(identity, "little") if len(identity) == 2 else None
-        _, seen, _ = self.unexpected_engines.pop(key, (rank, 0, 0.0))
-        self.unexpected_engines[key] = (rank, seen + 1, self.wall_clock())
-        while len(self.unexpected_engines) > MAX_UNEXPECTED:
-            del self.unexpected_engines[next(iter(self.unexpected_engines))]
-        self.generation += 1
 
     def task_failed(self, task: str, exc: BaseException) -> None:
         """A background task raised; the traceback is logged at most once per interval."""

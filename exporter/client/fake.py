@@ -8,19 +8,23 @@ sockets. The real-socket tests stay the main proof; this is the fast tier (``mak
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
-    FAULT_STATUS,
+    Capabilities,
+    ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
     check_allowed,
 )
 from exporter.protocol.kv_events import KvEventsSource
+from exporter.protocol.strings import bound_text, bound_value
 
 #: ``handler(engine label, method, args)``: a value is an OK answer; an ``EngineOutcome`` is
 #: returned as it is (failed, timeout, disconnected ...).
@@ -35,6 +39,8 @@ class FakeFleet:
     engines: Sequence[str] = ("0", "1")
     allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
     unsupported: frozenset[str] = frozenset()
+    #: What this fake says it can do (a mode that learns fault-tolerance statuses, by default).
+    fake_capabilities: Capabilities = field(default_factory=lambda: Capabilities(fault_status=True))
     disconnected: set[str] = field(default_factory=set)
     vllm_version: str | None = "0.33.0"
     #: Engine → its KV-events publisher (as a registration would carry it).
@@ -66,10 +72,18 @@ class FakeFleet:
     def connected_count(self) -> int:
         return sum(1 for e in self.engines if e not in self.disconnected)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.fake_capabilities
+
     def supports(self, method: str) -> bool:
-        if method == FAULT_STATUS:
-            return method not in self.unsupported
         return method in self.allowed_methods and method not in self.unsupported
+
+    def counters(self) -> ClientCounters:
+        return {}
+
+    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
+        return {}
 
     async def start(self) -> None:
         self.started = True
@@ -97,10 +111,13 @@ class FakeFleet:
                 continue
             self.calls.append((engine, method, args))
             answer = self.handler(engine, method, args)
-            if isinstance(answer, EngineOutcome):
-                outcomes.append(answer)
+            if isinstance(answer, EngineOutcome):  # the one rule for engine strings, here too
+                error = bound_text(answer.error) if answer.error is not None else None
+                value = bound_value(answer.value)
+                outcomes.append(msgspec.structs.replace(answer, value=value, error=error))
             else:
-                outcomes.append(EngineOutcome(engine, Outcome.OK, answer, duration_s=0.001))
+                value = bound_value(answer)
+                outcomes.append(EngineOutcome(engine, Outcome.OK, value, duration_s=0.001))
         return outcomes
 
 

@@ -8,7 +8,7 @@ the admin endpoint and the probe only ever see this interface and per-engine ``E
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,11 +38,6 @@ ACTION_METHODS = frozenset(
 #: Methods the exporter may send at all. Anything else could change an engine's state or kill
 #: it (any attribute of the engine is callable by whoever reaches its input socket).
 DEFAULT_ALLOWED_METHODS = READ_METHODS | ACTION_METHODS
-#: Not a method (never sent): ``supports(FAULT_STATUS)`` says whether this attach mode learns
-#: each engine's fault-tolerance status (owner: pushed to client 0; HTTP: the server's
-#: ``GET /fault_tolerance/status``; in-process: the front end's own copy). Relay mode cannot:
-#: the engines push to the front end.
-FAULT_STATUS = "fault_tolerance_status"
 #: The registration keys ``EngineDetail.registration`` may hold, in vLLM 0.33's order.
 REGISTRATION_KEYS = tuple(key for key, _ in REGISTRATION_FACTS)
 #: vLLM's failure text for utilities that arrive between SIGTERM and exit.
@@ -121,8 +116,42 @@ class EngineDetail:
     pushes: tuple[tuple[str, int], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an attach mode can do and know: the layers above ask this, never the mode's name."""
+
+    #: It learns each engine's fault-tolerance status (owner: pushed to client 0; HTTP: each
+    #: server's ``GET /fault_tolerance/status``; in-process: the front end's own copy). Relay
+    #: mode cannot: the engines push to the front end.
+    fault_status: bool = False
+    #: A front end owns the engines beside the exporter (relay mode): an action that changes
+    #: their state runs only when the operator allowed it (``--relay-allow-state-changes``).
+    beside_a_front_end: bool = False
+    #: It runs a supervised handshake loop (owner and relay mode): its failures are counted in
+    #: ``vllm_dp_task_failures_total{task="handshake"}`` from the start.
+    handshakes: bool = False
+
+
+#: A counter the client keeps of its own (``FleetClient.counters``): the metric family it is
+#: published as, and its counts by the family's one label.
+ClientCounters = Mapping[str, Mapping[str, int]]
+
+
 class FleetClient(Protocol):
     """One outcome per engine for every call: the interface all attach modes implement."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def counters(self) -> ClientCounters:
+        """The series this client contributes of its own (relayed handshakes, state-file
+        writes): family name → label value → count."""
+        ...
+
+    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
+        """Engines outside the expected set that tried to join (identity → DP rank,
+        handshakes, last seen), newest last; empty where the mode has no handshake."""
+        ...
 
     @property
     def engine_labels(self) -> list[str]: ...

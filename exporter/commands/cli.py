@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from exporter.client.transport.owner import OwnerConfig
+    from exporter.client.owner.transport import OwnerConfig
     from exporter.commands.probe import ProbeOptions, run_probe
 
     options = ProbeOptions(

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.engine_core import EngineCoreClient
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.client.owner import OwnerConfig, OwnerTransport, owner_client
 from exporter.control.parsing import ActionRequest, reset_request
 from exporter.control.verdicts import classify
 from exporter.error import HandshakeError
@@ -101,9 +100,7 @@ def probe_report(
 
 async def run_probe(options: ProbeOptions) -> int:
     errors = ProtocolErrorTally()
-    client = EngineCoreClient(
-        lambda listener: OwnerTransport(options.owner, listener, errors), errors
-    )
+    client = owner_client(options.owner, errors)
     transport = client.transport
     assert isinstance(transport, OwnerTransport)
     await client.start()

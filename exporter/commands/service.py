@@ -8,14 +8,13 @@ import logging
 import signal
 import sys
 
-import zmq
-
 from exporter.base import eventloop
 from exporter.base.logs import configure_logging
+from exporter.client.enginecore import SOCKET_ERRORS
 from exporter.config.settings import ServeConfig, env_warnings, resolve_config, secret_file_warnings
 from exporter.control.runtime import freeze_startup_heap
-from exporter.error import ConfigError, ExporterError
-from exporter.web.app import StartupError, start_service
+from exporter.error import ConfigError, ExporterError, StartupError
+from exporter.web.app import start_service
 
 log = logging.getLogger("exporter")
 
@@ -85,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ConfigError, StartupError) as exc:
         print(f"vllm-dp-exporter serve: {exc}", file=sys.stderr)
         return 2
-    except zmq.ZMQError as exc:  # an engine-facing socket, outside start-up
+    except SOCKET_ERRORS as exc:  # an engine-facing socket, outside start-up
         print(f"vllm-dp-exporter serve: ZMQ: {exc}", file=sys.stderr)
         return 1
     except (ExporterError, OSError) as exc:

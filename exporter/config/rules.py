@@ -19,7 +19,7 @@ from typing import Any
 
 from exporter.error import ConfigError
 
-MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+HOUR, DAY = 3600.0, 86400.0
 HIGHEST_PORT = 65535
 
 
@@ -249,3 +249,10 @@ def unknown_env(environ: Mapping[str, str], prefix: str, known: Iterable[str]) -
             hint = f"; did you mean {close[0]}?" if close else ""
             warnings.append(f"ignoring unknown environment variable {key}{hint}")
     return warnings
+
+
+def target_lines(text: str) -> tuple[str, ...]:
+    """The entries of an HTTP targets file: one per line, blank lines and ``#`` comments
+    ignored (pure)."""
+    lines = (raw.split("#", 1)[0].strip() for raw in text.splitlines())
+    return tuple(line for line in lines if line)

@@ -36,6 +36,7 @@ from exporter.config.rules import (
     read_text_file,
     read_token_file,
     split_targets,
+    target_lines,
     unknown_env,
 )
 from exporter.config.webconfig import WebConfig, load_web_config
@@ -100,6 +101,10 @@ class ServeConfig:
     event_loop: str = "auto"
     admin_token: str | None = field(default=None, repr=False)  # read from admin_token_file
     web: WebConfig | None = field(default=None, repr=False)  # loaded from web_config_file
+    #: The entries of ``http_targets_file`` and the token of ``http_token_file``, read once
+    #: when the configuration is resolved (HTTP mode).
+    http_file_targets: tuple[str, ...] = field(default=(), repr=False)
+    http_token: str | None = field(default=None, repr=False)
 
     def fleet_shape(self) -> dict[str, Any]:
         """The keyword arguments of ``FleetShape`` (owner and relay mode)."""
@@ -185,7 +190,7 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
 #: Set on the command line by ``exporter.base.logs.add_logging_arguments`` (any subcommand).
 LOGGING_OPTIONS = ("log_level", "log_format")
 #: Fields filled by ``validate`` from other settings, never set directly.
-DERIVED = frozenset({"admin_token", "web"})
+DERIVED = frozenset({"admin_token", "web", "http_file_targets", "http_token"})
 _TYPES = {name: conv for name, conv, _ in OPTIONS}
 _HINTS = typing.get_type_hints(ServeConfig)
 
@@ -329,11 +334,13 @@ def validate(config: ServeConfig) -> ServeConfig:
         raise ConfigError("--attach relay needs --upstream-handshake-address")
     if c.attach == "http" and not (c.http_target or c.http_targets_file):
         raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
-    if c.attach == "http":  # read here too, for the one-line error before anything starts
+    file_targets: tuple[str, ...] = ()
+    http_token = None
+    if c.attach == "http":  # read once, here: a bad file is one line before anything starts
         if c.http_targets_file:
-            read_text_file(c.http_targets_file, "--http-targets-file")
+            file_targets = target_lines(read_text_file(c.http_targets_file, "--http-targets-file"))
         if c.http_token_file:
-            read_token_file(c.http_token_file, "--http-token-file")
+            http_token = read_token_file(c.http_token_file, "--http-token-file")
     c.listen_host_port  # noqa: B018 - validates
     logging_values = {}
     for name, convert in (("log_level", log_level_value), ("log_format", log_format_value)):
@@ -358,5 +365,13 @@ def validate(config: ServeConfig) -> ServeConfig:
         )
     values = {f.name: getattr(c, f.name) for f in fields(c)}
     return ServeConfig(
-        **{**values, **logging_values, "event_loop": event_loop, "admin_token": token, "web": web}
+        **{
+            **values,
+            **logging_values,
+            "event_loop": event_loop,
+            "admin_token": token,
+            "web": web,
+            "http_file_targets": file_targets,
+            "http_token": http_token,
+        }
     )

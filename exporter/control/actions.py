@@ -41,7 +41,9 @@ from exporter.control.verdicts import (
 
 
 @dataclass(frozen=True, slots=True)
-class ActionResult:
+class ActionRun:
+    """One run of an action: the HTTP status and body it answers, the verdict behind them."""
+
     status: int
     body: dict[str, Any]
     #: None: no engine was connected (503), nothing was sent.
@@ -60,7 +62,7 @@ class Fanout(Protocol):
         *,
         timeout_s: float,
         shape: AnswerShape = ACTION_ANSWER,
-    ) -> Awaitable[ActionResult]: ...
+    ) -> Awaitable[ActionRun]: ...
 
 
 #: Methods an engine can only run when it was started with ``--enable-sleep-mode``.
@@ -109,12 +111,12 @@ async def run_action(
     *,
     timeout_s: float,
     shape: AnswerShape = ACTION_ANSWER,
-) -> ActionResult:
+) -> ActionRun:
     """The call on every engine, then the read-back on every engine the call reached."""
     started = time.perf_counter()
     calls, not_sent = await call_capable(client, request.method, request.args, timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
-        return ActionResult(503, no_engine_body(request.action, request.params, shape))
+        return ActionRun(503, no_engine_body(request.action, request.params, shape))
     readback = None
     if request.check is not None:
         reached = [
@@ -133,7 +135,7 @@ async def run_action(
     verdict = classify(request, calls, readback)
     duration = time.perf_counter() - started
     body = verdict_body(verdict, request.params, duration, shape)
-    return ActionResult(verdict.status, body, verdict, duration)
+    return ActionRun(verdict.status, body, verdict, duration)
 
 
 async def run_verify_weights(
@@ -142,20 +144,20 @@ async def run_verify_weights(
     *,
     timeout_s: float,
     shape: AnswerShape = ACTION_ANSWER,
-) -> ActionResult:
+) -> ActionRun:
     """``compute_weight_checksums`` on every engine, compared across DP ranks; ``extra``
     carries the mismatch count per engine that had something to compare (one whose checksums
     were all unverifiable is left out: "0 mismatches" would read as verified)."""
     started = time.perf_counter()
     calls = await client.call_utility(request.method, request.args, timeout_s=timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
-        return ActionResult(503, no_engine_body(request.action, request.params, shape))
+        return ActionRun(503, no_engine_body(request.action, request.params, shape))
     verdict, comparisons = classify_checksums(request.action, calls)
     duration = time.perf_counter() - started
     body = verdict_body(verdict, request.params, duration, shape)
     add_comparisons(body, verdict, comparisons)
     mismatches = {e: c.mismatches for e, c in comparisons.items() if c.compared or c.mismatches}
-    return ActionResult(verdict.status, body, verdict, duration, {"mismatches": mismatches})
+    return ActionRun(verdict.status, body, verdict, duration, {"mismatches": mismatches})
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,18 +10,17 @@ nothing of ``ServeConfig``.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable
 
 from yarl import URL
 
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.engine_core import EngineCoreClient
 from exporter.client.fleet import ChangeCallback, FleetClient
-from exporter.client.http import HttpFleetClient, HttpTarget
-from exporter.client.transport.owner import OwnerConfig, OwnerTransport
-from exporter.client.transport.relay import RelayConfig, RelayTransport
-from exporter.config.rules import read_text_file, read_token_file
+from exporter.client.http.client import HttpFleetClient, HttpTarget
+from exporter.client.inprocess.client import InProcessFleetClient
+from exporter.client.inprocess.vllm_core import VllmCore
+from exporter.client.owner import OwnerConfig, owner_client
+from exporter.client.relay import RelayConfig, relay_client
 from exporter.config.settings import ServeConfig
 from exporter.error import ConfigError
 
@@ -32,36 +31,24 @@ def build_fleet(
     config: ServeConfig,
     faults: ProtocolErrorTally,
     *,
-    relay_handshakes: Counter[str] | None = None,
-    state_file_writes: Counter[str] | None = None,
     on_change: ChangeCallback | None = None,
     on_status: ChangeCallback | None = None,
+    vllm: VllmCore | None = None,
 ) -> FleetClient:
     """The ``FleetClient`` of ``config.attach``. ``on_change`` is called when an engine comes
     up or goes down, ``on_status`` when what an engine pushed changed (owner mode: publish it,
-    no engine needs asking); ``relay_handshakes`` receives one result per relayed handshake and
-    ``state_file_writes`` one outcome per state-file write (owner and relay mode)."""
-    writes = state_file_writes
+    no engine needs asking). In-process mode runs over ``vllm``, vLLM's own engine-core client
+    (the plugin and ``start_exporter`` find it). The client keeps its own counters
+    (``FleetClient.counters``)."""
     if config.attach == "owner":
-        owner = owner_config(config)
-        return EngineCoreClient(
-            lambda listener: OwnerTransport(owner, listener, faults, state_writes=writes),
-            faults,
-            on_change=on_change,
-            on_status=on_status,
-        )
+        return owner_client(owner_config(config), faults, on_change=on_change, on_status=on_status)
     if config.attach == "relay":
-        relay = relay_config(config)
-        counter = relay_handshakes if relay_handshakes is not None else Counter()
-        return EngineCoreClient(
-            lambda listener: RelayTransport(relay, listener, faults, counter, state_writes=writes),
-            faults,
-            on_change=on_change,
-            receives_pushes=False,
-        )
+        return relay_client(relay_config(config), faults, on_change=on_change)
     if config.attach == "http":
         return http_client(config, faults)
     if config.attach == "inprocess":
+        if vllm is not None:
+            return InProcessFleetClient(vllm, faults=faults)
         raise ConfigError(
             "attach mode inprocess runs inside vLLM's API server (VLLM_PLUGINS=dp_exporter) or "
             "in the process that owns an AsyncLLM (exporter.embed.start_exporter); serve "
@@ -87,14 +74,8 @@ def relay_config(config: ServeConfig) -> RelayConfig:
 
 def http_client(config: ServeConfig, faults: ProtocolErrorTally | None = None) -> HttpFleetClient:
     """The ``--attach http`` client from ``--http-target``, ``--http-targets-file`` and token."""
-    entries = list(config.http_target)
-    if config.http_targets_file:
-        entries += read_targets_file(config.http_targets_file)
-    token = (
-        read_token_file(config.http_token_file, "--http-token-file")
-        if config.http_token_file
-        else None
-    )
+    entries = [*config.http_target, *config.http_file_targets]  # the file read at resolution
+    token = config.http_token
     return HttpFleetClient(
         parse_targets(entries), token=token, faults=faults or ProtocolErrorTally()
     )
@@ -122,18 +103,6 @@ def parse_target(text: str, index: int) -> HttpTarget:
     if url.query_string or url.fragment:
         raise ConfigError(f"--http-target {text!r}: a target URL takes no query or fragment")
     return HttpTarget(name if name is not None else str(index), entry.rstrip("/"))
-
-
-def read_targets_file(path: str) -> list[str]:
-    """One target per line; blank lines and ``#`` comments ignored. Read as every operator
-    file is (a regular file, bounded, UTF-8: ``read_text_file``)."""
-    text = read_text_file(path, "--http-targets-file")
-    lines = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            lines.append(line)
-    return lines
 
 
 def parse_targets(entries: Iterable[str]) -> list[HttpTarget]:

@@ -9,10 +9,16 @@ one of the configured ones, the outcome one of ``Outcome``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.client.fleet import (
+    Capabilities,
+    ClientCounters,
+    EngineDetail,
+    EngineOutcome,
+    FleetClient,
+)
 from exporter.fleetstate.invariants import BY_METHOD, is_unsupported, require_type
 from exporter.metrics.stats import Stats
 
@@ -45,6 +51,16 @@ class CountedFleet:
 
     def supports(self, method: str) -> bool:
         return self.inner.supports(method)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    def counters(self) -> ClientCounters:
+        return self.inner.counters()
+
+    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
+        return self.inner.unexpected_engines()
 
     async def start(self) -> None:
         await self.inner.start()

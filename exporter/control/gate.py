@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.client.fleet import FAULT_STATUS, EngineOutcome, FleetClient, Outcome
+from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
+from exporter.control.fleetread import FleetRead
 from exporter.control.verdicts import UNSUPPORTED_STATUS
 from exporter.fleetstate.invariants import (
     BY_KEY,
@@ -26,7 +27,6 @@ from exporter.fleetstate.invariants import (
     SLEEPING,
     Invariant,
     is_unsupported,
-    require_type,
 )
 from exporter.protocol.pushes import FaultStatus
 
@@ -103,13 +103,9 @@ def _engine_failures(
         wanted.insert(0, SLEEPING)  # every engine must answer, conditions or not
     for invariant in wanted:
         o = sample.outcomes.get(invariant.method, {}).get(engine)
-        if o is None:
-            failures.append(f"{invariant.key}: not available in this attach mode")
-            continue
-        if o.outcome is not Outcome.OK:
-            why = "unsupported by this engine" if is_unsupported(o) else o.outcome.value
-            detail = f" ({o.error})" if o.error and not is_unsupported(o) else ""
-            failures.append(f"{invariant.key}: {why}{detail}")
+        missing = _unanswered(invariant, o)
+        if missing is not None or o is None:
+            failures.append(missing or invariant.key)
             continue
         values[invariant.key] = o.value
         if invariant.key in conditions and o.value != conditions[invariant.key]:
@@ -117,6 +113,33 @@ def _engine_failures(
                 f"{invariant.key} is {o.value!r}, expected {conditions[invariant.key]!r}"
             )
     return failures, values
+
+
+def _unanswered(invariant: Invariant, o: EngineOutcome | None) -> str | None:
+    """Why ``invariant`` has no value from one engine (``"paused: unsupported by this
+    engine"``, ``"sleeping: timeout"``), or None when it answered."""
+    if o is None:
+        return f"{invariant.key}: not available in this attach mode"
+    if o.outcome is Outcome.OK:
+        return None
+    why = "unsupported by this engine" if is_unsupported(o) else o.outcome.value
+    detail = f" ({o.error})" if o.error and not is_unsupported(o) else ""
+    return f"{invariant.key}: {why}{detail}"
+
+
+def _bare_reads(engine: str, sample: Sample) -> tuple[dict[str, Any], list[str]]:
+    """A gate without conditions: every value it read of ``engine`` and why any other is
+    missing (``unread``; not failures: only ``sleeping`` must answer). HTTP mode reads a
+    plugin-enabled server's engines so."""
+    values, unread = {}, []
+    for invariant in INVARIANTS:
+        o = sample.outcomes.get(invariant.method, {}).get(engine)
+        missing = _unanswered(invariant, o)
+        if missing is None and o is not None:
+            values[invariant.key] = o.value
+        elif invariant is not SLEEPING and invariant.method in sample.asked:
+            unread.append(missing or invariant.key)
+    return values, unread
 
 
 def unsupported_conditions(conditions: Mapping[str, Any], sample: Sample) -> list[str]:
@@ -146,9 +169,10 @@ def evaluate(
     failing = []
     for engine in sample.engines:
         failures, values = _engine_failures(engine, conditions, sample)
-        engines.append(
-            {"engine": engine, "ok": not failures, "values": values, "failures": failures}
-        )
+        entry = {"engine": engine, "ok": not failures, "values": values, "failures": failures}
+        if not conditions:
+            entry["values"], entry["unread"] = _bare_reads(engine, sample)
+        engines.append(entry)
         if failures:
             failing.append(engine)
     ok = bool(sample.engines) and not failing
@@ -193,8 +217,11 @@ class Gate:
         min_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        reader: FleetRead | None = None,
     ) -> None:
         self._client = client
+        #: The poller's read (one memory of unsupported methods), or one of the gate's own.
+        self._reader = reader if reader is not None else FleetRead(client)
         self._timeout_s = timeout_s
         self._min_interval_s = min_interval_s
         self._clock = clock
@@ -226,19 +253,14 @@ class Gate:
         self.fanouts += 1
         client = self._client
         engines = tuple(client.engine_labels)
-        asked = [inv for inv in INVARIANTS if inv.method in wanted and client.supports(inv.method)]
-        results = await asyncio.gather(
-            *(client.call_utility(inv.method, timeout_s=self._timeout_s) for inv in asked)
-        )
-        outcomes = {
-            inv.method: {o.engine: o for o in require_type(inv, got)}
-            for inv, got in zip(asked, results, strict=True)
-        }
+        details = {d.engine: d for d in client.engine_details()}
+        results = await self._reader.read(wanted, self._timeout_s, details)
+        outcomes = {method: {o.engine: o for o in got} for method, got in results.items()}
         faults = None
-        if client.supports(FAULT_STATUS):
+        if client.capabilities.fault_status:
             faults = {
                 d.engine: d.fault_status
-                for d in client.engine_details()
+                for d in client.engine_details()  # read after the fan-out: the freshest
                 if d.fault_status is not None
             }
         sample = Sample(outcomes, engines, self._wall(), self._clock(), faults, wanted)

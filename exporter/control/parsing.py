@@ -1,7 +1,7 @@
 """Admin requests, parsed (pure): what each action's query and body may say, and the utility
 call, canonical parameters and read-back they turn into.
 
-A parser raises ``BadRequest`` naming the parameter; the admin listener answers it with a 400
+A parser raises ``BadActionRequest`` naming the parameter; the admin listener answers it with a 400
 before anything reaches an engine.
 """
 
@@ -19,7 +19,7 @@ WAKE_TAGS = ("weights", "kv_cache")
 MAX_WEIGHT_VERSION = 256
 
 
-class BadRequest(Exception):
+class BadActionRequest(Exception):
     """A malformed admin request; the message names the parameter."""
 
 
@@ -56,21 +56,21 @@ Parser = Callable[[Query, bytes], ActionRequest]
 def _single(query: Query, allowed: set[str]) -> dict[str, str]:
     for name, values in query.items():
         if name not in allowed:
-            raise BadRequest(f"unknown query parameter {name!r}")
+            raise BadActionRequest(f"unknown query parameter {name!r}")
         if len(values) != 1:
-            raise BadRequest(f"query parameter {name!r} given more than once")
+            raise BadActionRequest(f"query parameter {name!r} given more than once")
     return {k: v[0] for k, v in query.items()}
 
 
 def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
-        raise BadRequest(f"query parameter {name!r} must be one of {', '.join(choices)}")
+        raise BadActionRequest(f"query parameter {name!r} must be one of {', '.join(choices)}")
     return raw
 
 
 def _no_body(body: bytes, action: str) -> None:
     if body.strip():
-        raise BadRequest(f"{action} takes no request body (parameters go in the query)")
+        raise BadActionRequest(f"{action} takes no request body (parameters go in the query)")
 
 
 def parse_sleep(query: Query, body: bytes) -> ActionRequest:
@@ -87,7 +87,7 @@ def parse_sleep(query: Query, body: bytes) -> ActionRequest:
 def parse_wake_up(query: Query, body: bytes) -> ActionRequest:
     for name in query:
         if name != "tags":
-            raise BadRequest(f"unknown query parameter {name!r}")
+            raise BadActionRequest(f"unknown query parameter {name!r}")
     _no_body(body, "wake_up")
     tags: list[str] = []
     for raw in query.get("tags", []):
@@ -130,16 +130,18 @@ def parse_weight_version(query: Query, body: bytes) -> ActionRequest:
     try:
         data = json.loads(body or b"null")
     except (ValueError, RecursionError):  # 1 KiB of "[" nests deeper than the decoder goes
-        raise BadRequest('the body must be JSON: {"weight_version": "..."}') from None
+        raise BadActionRequest('the body must be JSON: {"weight_version": "..."}') from None
     version = data.get("weight_version") if isinstance(data, dict) else None
     if not isinstance(version, str) or not 0 < len(version) <= MAX_WEIGHT_VERSION:
-        raise BadRequest(
+        raise BadActionRequest(
             f'the body must be {{"weight_version": "..."}} with 1-{MAX_WEIGHT_VERSION} characters'
         )
     if not _is_text(version):
-        raise BadRequest("weight_version must be Unicode text (a lone surrogate escape is not)")
+        raise BadActionRequest(
+            "weight_version must be Unicode text (a lone surrogate escape is not)"
+        )
     if set(data) != {"weight_version"}:
-        raise BadRequest("the body takes only weight_version")
+        raise BadActionRequest("the body takes only weight_version")
     return ActionRequest(
         "weight_version",
         "set_weight_version",
@@ -170,7 +172,7 @@ def parse_bool(name: str, raw: str) -> bool:
         return True
     if lowered in ("false", "0"):
         return False
-    raise BadRequest(f"query parameter {name!r} must be true, false, 1 or 0, got {raw!r}")
+    raise BadActionRequest(f"query parameter {name!r} must be true, false, 1 or 0, got {raw!r}")
 
 
 def parse_reset_flags(query: Query) -> dict[str, bool]:
@@ -178,14 +180,14 @@ def parse_reset_flags(query: Query) -> dict[str, bool]:
     allowed = {"reset_running_requests", "reset_connector", "reset_external"}
     for name, values in query.items():
         if name not in allowed:
-            raise BadRequest(f"unknown query parameter {name!r}")
+            raise BadActionRequest(f"unknown query parameter {name!r}")
         if len(values) != 1:
-            raise BadRequest(f"query parameter {name!r} given more than once")
+            raise BadActionRequest(f"query parameter {name!r} given more than once")
     flags = {k: parse_bool(k, v[0]) for k, v in query.items()}
     connector = flags.get("reset_connector")
     external = flags.get("reset_external")
     if connector is not None and external is not None and connector != external:
-        raise BadRequest("reset_connector and its alias reset_external disagree")
+        raise BadActionRequest("reset_connector and its alias reset_external disagree")
     return {
         "reset_running_requests": flags.get("reset_running_requests", False),
         "reset_connector": bool(connector if connector is not None else external),

@@ -13,21 +13,18 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.client.fleet import FAULT_STATUS, EngineDetail, EngineOutcome, FleetClient
+from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.control.fleetread import FleetRead
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
-from exporter.fleetstate.invariants import (
-    INVARIANTS,
-    SLEEPING,
-    Invariant,
-    is_unsupported,
-    require_type,
-)
+from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.metrics.stats import Stats
 
 log = logging.getLogger("exporter.poller")
 
+#: Every read method: what each poll asks.
+ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
 #: The inconsistency warning (every engine's value) is logged at most once per method this
 #: often; the polls in between are counted in the next line (and always in the metrics).
 INCONSISTENCY_LOG_INTERVAL_S = 60.0
@@ -62,8 +59,8 @@ class Poller:
         self._last_success: dict[str, float] = {}
         #: The engines of the last poll (``_forget_gone``).
         self._engine_set: set[str] = set()
-        #: method → {engine: its handshake count when it said it has no such method}.
-        self._unsupported: dict[str, dict[str, int]] = {}
+        #: The one read of the fleet, with its memory of unsupported methods (the gate's too).
+        self.reader = FleetRead(client)
         self._snapshot: FleetSnapshot | None = None
         #: Snapshots republished between polls (``republish``): part of the render cache key.
         self.republished = 0
@@ -80,7 +77,7 @@ class Poller:
                 client.engine_details(),
                 len(client.engine_labels),
                 client.connected_count(),
-                client.supports(FAULT_STATUS),
+                client.capabilities.fault_status,
             )
         return self._snapshot
 
@@ -115,44 +112,22 @@ class Poller:
 
         All calls share one deadline (they run concurrently). An engine that answers that it
         has no such method is unsupported for it from then on (until it handshakes again) and
-        is not asked again.
+        is not asked again (``FleetRead``, shared with the gate).
         """
         started = time.perf_counter()
         client = self._client
         details = {d.engine: d for d in client.engine_details()}
-        self._forget_restarted(details)
         self._forget_gone(details.keys())
-        asked = [inv for inv in INVARIANTS if client.supports(inv.method)]
-        calls = []
-        for inv in asked:
-            skip = self._unsupported.get(inv.method, {})
-            engines = [e for e in details if e not in skip] if skip else None
-            calls.append(
-                client.call_utility(inv.method, timeout_s=self.call_timeout_s, engines=engines)
-            )
-        results: dict[str, list[EngineOutcome]] = {}
-        for inv, outcomes in zip(asked, await asyncio.gather(*calls), strict=True):
-            results[inv.method] = self._supported(inv, outcomes, details)
+        read = await self.reader.read(ALL_METHODS, self.call_timeout_s, details)
+        results = {
+            method: [o for o in outcomes if not is_unsupported(o)]
+            for method, outcomes in read.items()
+        }
         duration = time.perf_counter() - started
         self._forget_gone(client.engine_labels)  # the fan-out may have learnt other engines
         snap = self._build(results, details, duration, self._wall())
         self._publish(snap, results)
         return snap
-
-    def _supported(
-        self, inv: Invariant, outcomes: list[EngineOutcome], details: dict[str, EngineDetail]
-    ) -> list[EngineOutcome]:
-        """Type-checked outcomes without the engines that turned out not to have the method."""
-        kept = []
-        for o in outcomes:
-            if is_unsupported(o) and o.engine in details:
-                self._unsupported.setdefault(inv.method, {})[o.engine] = details[
-                    o.engine
-                ].handshakes
-                log.info("engine %s does not support %s: not asked again", o.engine, inv.method)
-            else:
-                kept.append(o)
-        return require_type(inv, kept)
 
     def _forget_gone(self, engines: Iterable[str]) -> None:
         """Engines no longer in the fleet (HTTP mode: ranks a plugin-enabled server stopped
@@ -164,14 +139,6 @@ class Poller:
         for engine in [e for e in self._last_success if e not in current]:
             del self._last_success[engine]
         self._stats.keep_engines(current)
-
-    def _forget_restarted(self, details: dict[str, EngineDetail]) -> None:
-        """An engine that handshook again may run another vLLM: ask it everything again."""
-        for per_engine in self._unsupported.values():
-            for engine, handshakes in list(per_engine.items()):
-                detail = details.get(engine)
-                if detail is None or detail.handshakes != handshakes:
-                    del per_engine[engine]
 
     def _build(
         self,
@@ -190,14 +157,12 @@ class Poller:
             sleeping = answers.get(SLEEPING.method)
             if sleeping is not None and sleeping.ok:
                 self._last_success[engine] = now
-            unsupported = frozenset(
-                m for m, per_engine in self._unsupported.items() if engine in per_engine
-            )
+            unsupported = self.reader.unsupported_by(engine)
             last_success = self._last_success.get(engine)
             engines.append(EngineSnapshot(engine, detail, answers, last_success, unsupported))
         verdicts = {}
         for method, outcomes in results.items():
-            everywhere = set(self._unsupported.get(method, ())) >= set(details) and details
+            everywhere = self.reader.unsupported_everywhere(method, details)
             # Unsupported by every engine: unknown, without the "no results" error that an
             # empty fleet gets.
             verdicts[method] = (
@@ -214,7 +179,7 @@ class Poller:
             expected=len(details),
             connected=self._client.connected_count(),
             poll_number=previous + 1,
-            fault_tolerance_known=self._client.supports(FAULT_STATUS),
+            fault_tolerance_known=self._client.capabilities.fault_status,
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:

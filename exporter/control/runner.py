@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from exporter.control.actions import ACTIONS, ActionResult, ActionSpec
+from exporter.control.actions import ACTIONS, ActionRun, ActionSpec
 from exporter.control.parsing import ActionRequest
 from exporter.control.resets import confirmed_resets
 from exporter.control.runtime import Exporter
@@ -23,7 +23,7 @@ class ActionRunner:
     def __init__(self, exporter: Exporter) -> None:
         self.exporter = exporter
 
-    async def run(self, request: ActionRequest) -> ActionResult:
+    async def run(self, request: ActionRequest) -> ActionRun:
         spec = ACTIONS[request.action]
         exporter = self.exporter
         result = await spec.fanout(
@@ -37,7 +37,7 @@ class ActionRunner:
         exporter.poller.poll_soon()
         return result
 
-    def _record_resets(self, request: ActionRequest, result: ActionResult) -> None:
+    def _record_resets(self, request: ActionRequest, result: ActionRun) -> None:
         """Per engine, the prefix-cache reset the action confirmed (``exporter.control.resets``),
         stamped now: after the engine's answer, so never before the reset itself."""
         if result.verdict is None:
@@ -47,7 +47,7 @@ class ActionRunner:
         if engines:
             self.exporter.stats.record_confirmed_resets(engines, request.action, time.time())
 
-    def _record(self, spec: ActionSpec, result: ActionResult) -> None:
+    def _record(self, spec: ActionSpec, result: ActionRun) -> None:
         stats = self.exporter.stats
         verdict = result.verdict
         if verdict is None:  # no engine connected
@@ -60,7 +60,7 @@ class ActionRunner:
             success_unix = time.time() if verdict.success else None
             stats.record_reset(verdict.outcome, failures, result.duration_s, success_unix)
         if "mismatches" in result.extra:
-            stats.record_weight_verification(result.extra["mismatches"], time.time())
+            stats.record_weight_verification(result.extra["mismatches"])
         stats.record_action(spec.name, verdict.outcome, failures)
         if not verdict.success:
             log.warning(

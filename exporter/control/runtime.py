@@ -19,6 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.base.faults import ProtocolErrorTally
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.client.fleet import FleetClient
+from exporter.client.inprocess.vllm_core import VllmCore
 from exporter.config.settings import ServeConfig
 from exporter.control.attach import build_fleet
 from exporter.control.counted import CountedFleet
@@ -37,7 +38,7 @@ def gc_paused() -> Iterator[None]:
     """No garbage collection during a render: collections that a render's short-lived rows
     trigger scan whatever else the process holds, so their cost grows with the fleet. What
     the pause saves, and that it costs nothing where it does not help: ``python -m
-    bench.render`` and ``make bench`` (docs/benchmarks.md). It lasts one synchronous render."""
+    bench.render`` and ``make bench`` (docs/benchmarks/). It lasts one synchronous render."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -52,7 +53,7 @@ def freeze_startup_heap() -> int:
     every engine) out of the collector's reach (``gc.freeze``), as vLLM's engine core does after
     start-up: a full collection later scans only what was created since (without it, full
     collections were the tail of a large fleet's calls: ``make bench``, table 1b of
-    docs/benchmarks.md, and docs/scale.md). Returns the number of objects frozen. Called once
+    docs/benchmarks/README.md, and docs/scale.md). Returns the number of objects frozen. Called once
     by the ``serve`` command and by the benchmark, never by in-process tests (a test process
     would pin what later tests drop while it is alive then)."""
     gc.collect()
@@ -67,12 +68,14 @@ class Exporter:
         self,
         config: ServeConfig,
         client: FleetClient | None = None,
-        faults: ProtocolErrorTally | None = None,
+        *,
+        vllm: VllmCore | None = None,
     ) -> None:
-        """``client``: one built outside (in-process mode), with ``faults``, the tally it
-        counts into (so what it counts reaches ``vllm_dp_protocol_errors_total``)."""
+        """The client of ``config.attach`` is built here, the one place (``build_fleet``),
+        after the tally it counts into; in-process mode needs ``vllm``, vLLM's engine-core
+        client as ``exporter.embed`` found it. ``client``: a ready one (tests, benchmarks)."""
         self.config = config
-        self.faults = faults if faults is not None else ProtocolErrorTally()
+        self.faults = ProtocolErrorTally()
         self.stats = Stats()
         self.client = (
             client
@@ -80,10 +83,9 @@ class Exporter:
             else build_fleet(
                 config,
                 self.faults,
-                relay_handshakes=self.stats.relay_handshakes,
-                state_file_writes=self.stats.state_file_writes,
                 on_change=self._on_fleet_change,
                 on_status=self._on_status_change,
+                vllm=vllm,
             )
         )
         #: ``client`` as every caller uses it: each call's outcomes are counted on the way back.
@@ -100,7 +102,7 @@ class Exporter:
             self.stats,
             self.faults,
             model_name=config.model_name,
-            include_relay=config.attach == "relay",
+            client_counters=self.client.counters,
         )
         #: This exporter's series only (what the lean text encoder renders too).
         self.registry: CollectorRegistry = build_registry(self.collector)
@@ -112,11 +114,12 @@ class Exporter:
             self.fleet,
             timeout_s=config.call_timeout,
             min_interval_s=config.gate_min_interval,
+            reader=self.poller.reader,  # one memory of what each engine does not have
         )
         self.stats.preset(self.client.engine_labels)
         # Start the failure series of the loops every exporter runs at 0 (increase() sees 1).
-        zmq_mode = config.attach in ("owner", "relay")
-        for task in ("poller", "handshake") if zmq_mode else ("poller",):
+        handshakes = self.client.capabilities.handshakes
+        for task in ("poller", "handshake") if handshakes else ("poller",):
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
         self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
@@ -132,8 +135,7 @@ class Exporter:
             self.client.connected_count(),
             self.stats.generation,
             self.faults.generation,
-            sum(self.stats.relay_handshakes.values()),
-            sum(self.stats.state_file_writes.values()),
+            *(sum(counts.values()) for counts in self.client.counters().values()),
         )
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:

@@ -30,7 +30,9 @@ UNSUPPORTED_STATUS = 501
 
 
 @dataclass(frozen=True, slots=True)
-class EngineResult:
+class EngineVerdict:
+    """One engine's part in an action's verdict: confirmed (``reason`` None) or why not."""
+
     engine: str
     reason: str | None  # None: confirmed
     error: str | None = None
@@ -41,11 +43,11 @@ class EngineResult:
 @dataclass(frozen=True, slots=True)
 class ActionVerdict:
     action: str
-    engines: tuple[EngineResult, ...]
+    engines: tuple[EngineVerdict, ...]
     verified: bool  # a read-back was part of the check
 
     @property
-    def failures(self) -> tuple[EngineResult, ...]:
+    def failures(self) -> tuple[EngineVerdict, ...]:
         return tuple(e for e in self.engines if e.reason is not None)
 
     @property
@@ -101,7 +103,11 @@ def classify(
             state = back.value if known and back is not None else None
             if reason is None:
                 if not known:
-                    why = back.error if back is not None else "not read back"
+                    why = (
+                        "not read back"
+                        if back is None
+                        else back.error or f"answered {bound_text(repr(back.value), 64)}"
+                    )
                     reason, error = "unverified", f"could not read {check.invariant.method}: {why}"
                 elif state != check.expected:
                     reason = "unverified"
@@ -109,7 +115,7 @@ def classify(
                         f"accepted, but {check.invariant.method} is {state!r}, "
                         f"not {check.expected!r}"
                     )
-        results.append(EngineResult(o.engine, reason, error, state))
+        results.append(EngineVerdict(o.engine, reason, error, state))
     return ActionVerdict(request.action, tuple(results), verified=check is not None)
 
 
@@ -122,7 +128,7 @@ def classify_checksums(
     empty input, which cannot tell two weights apart) as ``unverified``, so a verification
     that verified nothing is no success. Also returns each compared engine's comparison."""
     flat: dict[str, dict[str, str]] = {}
-    results: dict[str, EngineResult] = {}
+    results: dict[str, EngineVerdict] = {}
     for o in calls:
         reason, error = call_reason(o, expect_true=False)
         if reason is None:
@@ -131,7 +137,7 @@ def classify_checksums(
             except ChecksumShapeError as exc:
                 reason, error = "failed", str(exc)
         if reason is not None:
-            results[o.engine] = EngineResult(o.engine, reason, error)
+            results[o.engine] = EngineVerdict(o.engine, reason, error)
     comparisons = {c.engine: c for c in compare(flat)}
     for engine, c in comparisons.items():
         reason, error = None, None
@@ -139,7 +145,7 @@ def classify_checksums(
             reason, error = "mismatch", f"{c.mismatches} parameters differ from the majority"
         elif c.compared == 0:
             reason, error = "unverified", nothing_compared(c)
-        results[engine] = EngineResult(engine, reason, error, c.mismatches)
+        results[engine] = EngineVerdict(engine, reason, error, c.mismatches)
     verdict = ActionVerdict(action, tuple(results[o.engine] for o in calls), False)
     return verdict, comparisons
 

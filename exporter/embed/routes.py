@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -61,135 +62,146 @@ def _unavailable(runtime: InProcessRuntime) -> Response:
     return json_response({"ok": False, "error": runtime.problem}, status=503)
 
 
-def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[], bytes]) -> None:
-    """Register every route on ``app``. ``vllm_metrics`` renders vLLM's own series (blocking:
-    run off the loop, as vLLM's own handler is)."""
+class PluginHandlers:
+    """The handlers of the fixed routes, over one runtime; ``vllm_metrics`` renders vLLM's
+    own series (blocking: run off the loop, as vLLM's own handler is). A method's name and
+    docstring are its route's name and description in vLLM's OpenAPI schema."""
 
-    async def status(request: Request) -> Response:
-        exporter = runtime.exporter
+    def __init__(self, runtime: InProcessRuntime, vllm_metrics: Callable[[], bytes]) -> None:
+        self.runtime = runtime
+        self.vllm_metrics = vllm_metrics
+
+    async def status(self, request: Request) -> Response:
+        exporter = self.runtime.exporter
         if exporter is None:
-            return _unavailable(runtime)
+            return _unavailable(self.runtime)
         return json_response(status_document(exporter), headers={"Cache-Control": "no-store"})
 
-    async def page(request: Request) -> Response:
-        exporter = runtime.exporter
+    async def page(self, request: Request) -> Response:
+        exporter = self.runtime.exporter
         if exporter is None:
-            return _unavailable(runtime)
+            return _unavailable(self.runtime)
         page_html = render_page(status_document(exporter))
         return Response(page_html, media_type="text/html", headers=PAGE_HEADERS)
 
-    async def to_page(request: Request) -> Response:
+    async def to_page(self, request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/", status_code=308)
 
-    async def gate(request: Request) -> Response:
-        exporter = runtime.exporter
+    async def gate(self, request: Request) -> Response:
+        exporter = self.runtime.exporter
         if exporter is None:
-            return _unavailable(runtime)
+            return _unavailable(self.runtime)
         query = {k: request.query_params.getlist(k) for k in request.query_params}
         code, body = await gate_answer(exporter, query)
         return json_response(body, status=code, headers={"Cache-Control": "no-store"})
 
-    async def readyz(request: Request) -> Response:
-        exporter = runtime.exporter
+    async def readyz(self, request: Request) -> Response:
+        exporter = self.runtime.exporter
         if exporter is None:
-            return _unavailable(runtime)
+            return _unavailable(self.runtime)
         code, body = readiness(exporter)
         return json_response(body, status=code)
 
-    async def kv_events(request: Request) -> Response:
-        exporter = runtime.exporter
+    async def kv_events(self, request: Request) -> Response:
+        exporter = self.runtime.exporter
         if exporter is None:
-            return _unavailable(runtime)
+            return _unavailable(self.runtime)
         doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
         return json_response(doc, headers={"Cache-Control": "no-store"})
 
-    def ours(own: list[Family] | None) -> bytes:
+    def ours(self, own: list[Family] | None) -> bytes:
         """The ``vllm_dp_*`` series (every API server's, merged), or nothing: a failure here
         is logged and never costs vLLM its own series."""
         if own is None:
             return b""
         try:
-            return render_text(runtime.merge(own))
+            return render_text(self.runtime.merge(own))
         except Exception:
             log.exception("dp_exporter: the vllm_dp_* series could not be rendered")
             return b""
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
         """vLLM's series, then ours (absent while the plugin is not running)."""
-        own = runtime.families()
-        body = await asyncio.to_thread(lambda: vllm_metrics() + ours(own))
+        own = self.runtime.families()
+        body = await asyncio.to_thread(lambda: self.vllm_metrics() + self.ours(own))
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-    async def dp_metrics(request: Request) -> Response:
+    async def dp_metrics(self, request: Request) -> Response:
         """The ``vllm_dp_*`` series alone (the status page links here; a scrape of its own)."""
-        own = runtime.families()
+        own = self.runtime.families()
         if own is None:
-            return _unavailable(runtime)
-        body = await asyncio.to_thread(ours, own)
+            return _unavailable(self.runtime)
+        body = await asyncio.to_thread(self.ours, own)
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         """The plugin answers (the status page links here); /dp/readyz says whether it polls."""
-        return json_response({"status": "ok" if runtime.exporter is not None else "not running"})
+        status = "ok" if self.runtime.exporter is not None else "not running"
+        return json_response({"status": status})
 
-    app.add_api_route(
-        f"{PREFIX}/status",
-        status,
-        methods=["GET"],
-        tags=TAGS,
-        summary="Every DP engine's state (the exporter's /status document)",
-    )
-    app.add_api_route(
-        f"{PREFIX}/",
-        page,
-        methods=["GET"],
-        tags=TAGS,
-        summary="The status page",
-        response_class=Response,
-    )
-    app.add_api_route(PREFIX, to_page, methods=["GET"], include_in_schema=False)
-    app.add_api_route(
-        f"{PREFIX}/metrics",
-        dp_metrics,
-        methods=["GET"],
-        tags=TAGS,
-        summary="The vllm_dp_* series alone",
-    )
-    app.add_api_route(
-        f"{PREFIX}/healthz", healthz, methods=["GET"], tags=TAGS, summary="The plugin answers"
-    )
-    app.add_api_route(
-        f"{PREFIX}/gate", gate, methods=["GET"], tags=TAGS, summary="The safe-to-resume gate"
-    )
-    app.add_api_route(
-        f"{PREFIX}/readyz",
-        readyz,
-        methods=["GET"],
-        tags=TAGS,
-        summary="Whether every engine answered the last poll",
-    )
-    app.add_api_route(
-        f"{PREFIX}/kv_events_targets",
-        kv_events,
-        methods=["GET"],
-        tags=TAGS,
-        summary="Every DP engine's KV-events publisher (Prometheus http_sd)",
-    )
-    app.add_api_route(
-        "/metrics",
-        metrics,
-        methods=["GET"],
-        tags=TAGS,
-        summary="vLLM's metrics and the per-engine vllm_dp_* series",
-    )
-    for spec in ACTIONS.values():
-        app.add_api_route(
-            f"{PREFIX}/admin/{spec.name}",
-            admin_route(runtime, spec),
-            methods=["POST"],
-            tags=TAGS,
-            summary=f"Admin action {spec.name}",
-        )
+
+@dataclass(frozen=True)
+class PluginRoute:
+    """One route on vLLM's port: method, path, handler and its place in vLLM's OpenAPI schema
+    (``summary`` None: left out of it)."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str | None
+    response_class: type[Response] | None = None
+
+    def options(self) -> dict[str, Any]:
+        """``add_api_route``'s keywords besides the path, the handler and the method."""
+        if self.summary is None:
+            return {"include_in_schema": False}
+        extra = {} if self.response_class is None else {"response_class": self.response_class}
+        return {"tags": TAGS, "summary": self.summary, **extra}
+
+
+def route_table(h: PluginHandlers) -> list[PluginRoute]:
+    """Every route the plugin adds, in the order FastAPI matches them."""
+    return [
+        PluginRoute(
+            "GET",
+            f"{PREFIX}/status",
+            h.status,
+            "Every DP engine's state (the exporter's /status document)",
+        ),
+        PluginRoute("GET", f"{PREFIX}/", h.page, "The status page", response_class=Response),
+        PluginRoute("GET", PREFIX, h.to_page, None),
+        PluginRoute("GET", f"{PREFIX}/metrics", h.dp_metrics, "The vllm_dp_* series alone"),
+        PluginRoute("GET", f"{PREFIX}/healthz", h.healthz, "The plugin answers"),
+        PluginRoute("GET", f"{PREFIX}/gate", h.gate, "The safe-to-resume gate"),
+        PluginRoute(
+            "GET", f"{PREFIX}/readyz", h.readyz, "Whether every engine answered the last poll"
+        ),
+        PluginRoute(
+            "GET",
+            f"{PREFIX}/kv_events_targets",
+            h.kv_events,
+            "Every DP engine's KV-events publisher (Prometheus http_sd)",
+        ),
+        PluginRoute(
+            "GET", "/metrics", h.metrics, "vLLM's metrics and the per-engine vllm_dp_* series"
+        ),
+        *(
+            PluginRoute(
+                "POST",
+                f"{PREFIX}/admin/{spec.name}",
+                admin_route(h.runtime, spec),
+                f"Admin action {spec.name}",
+            )
+            for spec in ACTIONS.values()
+        ),
+    ]
+
+
+def add_routes(app: FastAPI, runtime: InProcessRuntime, vllm_metrics: Callable[[], bytes]) -> None:
+    """Register every route of :func:`route_table` on ``app``. ``vllm_metrics`` renders vLLM's
+    own series (blocking: run off the loop, as vLLM's own handler is)."""
+    for route in route_table(PluginHandlers(runtime, vllm_metrics)):
+        app.add_api_route(route.path, route.handler, methods=[route.method], **route.options())
 
 
 #: What vLLM's own /metrics answers with (prometheus_client's text format).

@@ -16,10 +16,8 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.base.faults import ProtocolErrorTally
 from exporter.base.logs import configure_embedded_logging
 from exporter.base.tasks import cancel_and_wait, supervise
-from exporter.client.inprocess import InProcessFleetClient
 from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
 from exporter.embed.peer import audit_with_peer
@@ -68,9 +66,7 @@ class InProcessRuntime:
             configure_embedded_logging(config.log_level, config.log_format)
         for warning in env_warnings(self._environ) + secret_file_warnings(config):
             log.warning("dp_exporter: %s", warning)
-        faults = ProtocolErrorTally()  # the client's counts reach the exporter's metrics
-        client = InProcessFleetClient(core_of(engine_client), faults=faults)
-        exporter = Exporter(config, client=client, faults=faults)
+        exporter = Exporter(config, vllm=core_of(engine_client))
         self.server = api_server(engine_client, args)
         await exporter.start()
         admin = AdminController(exporter, audit=audit_with_peer)  # the peer, not a header's

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from exporter.base.faults import ProtocolErrorTally
-from exporter.client.inprocess import InProcessFleetClient
 from exporter.config.settings import DERIVED, ENV_PREFIX, ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
 from exporter.embed.vllm_facts import core_of
@@ -67,7 +65,5 @@ async def start_exporter(
     config = await asyncio.to_thread(
         inprocess_config, env, listen=listen, admin_listen=admin_listen, **settings
     )
-    faults = ProtocolErrorTally()  # the client's counts reach the exporter's metrics
-    client = InProcessFleetClient(core_of(engine_client), faults=faults)
-    service = await start_service(config, Exporter(config, client=client, faults=faults))
+    service = await start_service(config, Exporter(config, vllm=core_of(engine_client)))
     return service

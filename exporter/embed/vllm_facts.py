@@ -1,7 +1,7 @@
 """What in-process mode reads of vLLM besides its engine-core client, each with a fallback.
 
-Only this module and ``exporter.client.vllm_core`` name vLLM's attributes; nothing here imports
-vLLM at module level (a trainer's process has it, the exporter's tests do not).
+Only this module and ``exporter.client.inprocess.vllm_core`` name vLLM's attributes; nothing
+here imports vLLM at module level (a trainer's process has it, the exporter's tests do not).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.client.vllm_core import VllmCore, engine_core_of
+from exporter.client.inprocess.vllm_core import VllmCore, engine_core_of
 from exporter.error import ConfigError
 
 

@@ -1,10 +1,10 @@
 """A lean Prometheus text-format encoder for ``exporter.metrics.build_families`` rows.
 
 prometheus_client's ``generate_latest`` re-validates and re-escapes every metric and label name
-of every sample; at 64+ engines that costs most of a scrape (docs/benchmarks.md). Our names come
+of every sample; at 64+ engines that costs most of a scrape (docs/benchmarks/). Our names come
 from the catalog and are valid by construction, so this encoder only escapes label values and
 formats numbers. Its output is byte-identical to ``generate_latest`` on the same data
-(tests/unit/test_render_text.py).
+(tests/unit/metrics/test_exposition.py).
 """
 
 from __future__ import annotations

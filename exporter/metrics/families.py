@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.fleet import EngineDetail
+from exporter.client.fleet import ClientCounters, EngineDetail
 from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.invariants import WEIGHT_VERSION
@@ -93,14 +93,15 @@ def build_families(
     faults: ProtocolErrorTally,
     *,
     model_name: str | None = None,
-    include_relay: bool = False,
+    client_counters: ClientCounters | None = None,
 ) -> list[Family]:
-    """Every series the exporter publishes right now, in exposition order."""
+    """Every series the exporter publishes right now, in exposition order; ``client_counters``
+    are the attach mode's own (``FleetClient.counters``)."""
     b = _Builder(model_name)
     _engine_rows(b, snap)
     _push_rows(b, snap)
     _fleet_rows(b, snap)
-    _counter_rows(b, stats, faults, include_relay)
+    _counter_rows(b, stats, faults, client_counters or {})
     return b.families
 
 
@@ -204,7 +205,9 @@ def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
     b.add(b.family("vllm_dp_exporter_build_info"), (__version__,), 1.0)
 
 
-def _counter_rows(b: _Builder, st: Stats, faults: ProtocolErrorTally, include_relay: bool) -> None:
+def _counter_rows(
+    b: _Builder, st: Stats, faults: ProtocolErrorTally, client_counters: ClientCounters
+) -> None:
     b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
     b.counter("vllm_dp_utility_calls_total", st.utility_calls)
     b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
@@ -228,10 +231,8 @@ def _counter_rows(b: _Builder, st: Stats, faults: ProtocolErrorTally, include_re
     b.counter("vllm_dp_http_bad_requests_total", _single(faults.http_bad_requests))
     b.counter("vllm_dp_polls_total", {(): st.polls})
     b.counter("vllm_dp_admin_requests_total", st.admin_requests)
-    if include_relay:
-        b.counter("vllm_dp_relay_handshakes_total", _single(st.relay_handshakes))
-    if st.state_file_writes:  # owner and relay mode (their transports preset it)
-        b.counter("vllm_dp_state_file_writes_total", _single(st.state_file_writes))
+    for name, counts in client_counters.items():  # the attach mode's own series
+        b.counter(name, _single(counts))
 
 
 class ExporterCollector(Collector):
@@ -244,13 +245,13 @@ class ExporterCollector(Collector):
         faults: ProtocolErrorTally,
         *,
         model_name: str | None = None,
-        include_relay: bool = False,
+        client_counters: Callable[[], ClientCounters] = dict,
     ) -> None:
         self._snapshot = snapshot
         self._stats = stats
         self._faults = faults
         self._model_name = model_name
-        self._include_relay = include_relay
+        self._client_counters = client_counters
 
     def families(self) -> list[Family]:
         return build_families(
@@ -258,7 +259,7 @@ class ExporterCollector(Collector):
             self._stats,
             self._faults,
             model_name=self._model_name,
-            include_relay=self._include_relay,
+            client_counters=self._client_counters(),
         )
 
     def collect(self) -> Iterator[Metric]:

@@ -168,11 +168,6 @@ class Stats:
     admin_action_failures: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     #: engine → mismatching parameters in the last weight verification.
     weight_checksum_mismatches: dict[str, int] = field(default_factory=dict)
-    last_weight_verification_unix: float | None = None
-    #: Incremented by the relay transport itself (it knows nothing of ``Stats``).
-    relay_handshakes: Counter[str] = field(default_factory=Counter)
-    #: Outcome → state-file writes, incremented by the ZMQ transports (preset there).
-    state_file_writes: Counter[str] = field(default_factory=Counter)
     polls: int = 0
     generation: int = 0
     #: When these counters started (the process's start, in practice).
@@ -256,9 +251,8 @@ class Stats:
             self.admin_action_failures[(action, engine, reason)] += 1
         self.generation += 1
 
-    def record_weight_verification(self, mismatches: dict[str, int], unix: float) -> None:
+    def record_weight_verification(self, mismatches: dict[str, int]) -> None:
         self.weight_checksum_mismatches = dict(mismatches)
-        self.last_weight_verification_unix = unix
         self.generation += 1
 
     def record_admin_request(self, action: str, status: int) -> None:

@@ -52,7 +52,7 @@ from exporter.remote.errors import (
     WaitTimeout,
 )
 from exporter.remote.http import NO_RETRY, Retry
-from exporter.remote.results import ActionResult, EngineOutcome, GateEngine, GateResult
+from exporter.remote.results import ActionResult, EngineResult, GateEngine, GateResult
 from exporter.remote.status import EngineInvariant, EngineStatus, Status, Verdict
 from exporter.remote.sync import SyncClient
 from exporter.remote.waiting import Progress
@@ -70,7 +70,7 @@ __all__ = [
     "Conflict",
     "Credentials",
     "EngineInvariant",
-    "EngineOutcome",
+    "EngineResult",
     "EngineStatus",
     "Forbidden",
     "GateEngine",

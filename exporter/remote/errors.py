@@ -15,48 +15,19 @@ the caller needs to know which engine is in which state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from exporter.error import ExporterError
+from exporter.remote.errorbase import InvalidAnswer as InvalidAnswer
+from exporter.remote.errorbase import RemoteError as RemoteError
 
 if TYPE_CHECKING:
     from exporter.remote.results import ActionResult, GateResult
-
-
-class RemoteError(ExporterError):
-    """Base of every error of ``exporter.remote``: the exporter could not be asked, or it
-    answered something other than a success."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        body: Mapping[str, Any] | None = None,
-        detail: str | None = None,
-        url: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        #: The HTTP status of the answer (None: no answer at all).
-        self.status = status
-        #: The answer's JSON object (None: no answer, or not a JSON object).
-        self.body = body
-        #: The exporter's error text, or why the answer could not be read; printable.
-        self.detail = detail if detail is not None else message
-        #: The URL asked (never carries credentials: ``exporter.remote.urls`` refuses them).
-        self.url = url
 
 
 class Unreachable(RemoteError):
     """No answer: connection refused or reset, a name that does not resolve, a TLS handshake
     that failed (an untrusted server certificate, a client certificate refused), or no answer
     within the call's timeout. Safe to retry reads; retry writes only with an Idempotency-Key."""
-
-
-class InvalidAnswer(RemoteError):
-    """The answer is not the exporter's API: not JSON, not a JSON object, a field of the wrong
-    type, or larger than the client reads (something else listens on that address?)."""
 
 
 class BadRequest(RemoteError):

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from exporter.remote.errors import InvalidAnswer
+from exporter.remote.errorbase import InvalidAnswer
 
 #: Per-engine reasons of an action (exporter.control.verdicts; docs/rl.md).
 REASONS = ("refused", "failed", "timeout", "disconnected", "unsupported", "unverified", "mismatch")
@@ -133,7 +133,7 @@ def engine_label(value: Any, where: str) -> str:
 
 
 @dataclass(frozen=True)
-class EngineOutcome:
+class EngineResult:
     """One engine's part in an admin action."""
 
     engine: str
@@ -157,7 +157,7 @@ class EngineOutcome:
     unverifiable_parameters: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> EngineOutcome:
+    def from_json(cls, data: Any, where: str) -> EngineResult:
         f = Fields(data, where)
         return cls(
             engine=f.label(),
@@ -185,7 +185,7 @@ class ActionResult:
     success: bool
     #: ``success``, ``partial_failure``, ``failure`` or ``unsupported``.
     outcome: str
-    engines: tuple[EngineOutcome, ...]
+    engines: tuple[EngineResult, ...]
     failed_engines: tuple[str, ...]
     #: The parameters as the exporter understood them (the reset's ``flags``).
     params: Mapping[str, Any]
@@ -198,7 +198,7 @@ class ActionResult:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
-    def failures(self) -> tuple[EngineOutcome, ...]:
+    def failures(self) -> tuple[EngineResult, ...]:
         """The engines that did not confirm."""
         return tuple(e for e in self.engines if not e.ok)
 
@@ -208,11 +208,11 @@ class ActionResult:
         return self.outcome == "unsupported"
 
     @property
-    def unsupported_engines(self) -> tuple[EngineOutcome, ...]:
+    def unsupported_engines(self) -> tuple[EngineResult, ...]:
         """The engines whose vLLM lacks the method (in a partial failure too)."""
         return tuple(e for e in self.engines if e.reason == "unsupported")
 
-    def engine(self, label: str | int) -> EngineOutcome:
+    def engine(self, label: str | int) -> EngineResult:
         """The outcome of one engine (``KeyError`` when the answer does not name it)."""
         return find_engine(self.engines, label)
 
@@ -222,7 +222,7 @@ class ActionResult:
     ) -> ActionResult:
         f = Fields(body, "the answer")
         engines = tuple(
-            EngineOutcome.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
+            EngineResult.from_json(e, f"engines[{i}]") for i, e in enumerate(f.items("engines"))
         )
         params = f.mapping("params") if "params" in body else f.mapping("flags")
         outcome = f.text("outcome") or ("success" if status == 200 else "failure")

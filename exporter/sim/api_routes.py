@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -39,11 +39,8 @@ from exporter.sim.api_wire import (
     _query_bool,
     _query_mode,
 )
-from exporter.sim.options import SimOptions
+from exporter.sim.options import ApiServerOptions, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
-
-if TYPE_CHECKING:
-    from exporter.sim.api_server import ApiServerOptions
 
 ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -31,39 +30,8 @@ from exporter.sim.api_wire import (
     _json,
     _validation_error,
 )
-from exporter.sim.options import SimOptions
+from exporter.sim.options import ApiServerOptions, SimOptions
 from exporter.sim.story import run_story
-
-
-@dataclass
-class ApiServerOptions:
-    """State and faults of one simulated API server."""
-
-    engines: int = 2
-    dev_mode: bool = True
-    #: Per-engine state and faults (``sleeping``, ``paused``, ``refuse_reset``, ``reply_delay_s``,
-    #: ``hang``); missing entries get defaults.
-    engine_options: list[SimOptions] = field(default_factory=list)
-    #: engine position → text its utility calls raise (a failing engine).
-    failures: dict[int, str] = field(default_factory=dict)
-    engine_dead: bool = False  # every dev call answers vLLM's generic 500
-    old_reset_response: bool = False  # vLLM < 0.26: POST /reset_prefix_cache answers 200, empty
-    close_after_500: bool = True  # vLLM's behaviour
-    #: Fault: abort (without an answer) every request that arrives on a reused connection,
-    #: as a client sees it when it reuses a pooled connection the server has dropped.
-    reset_reused_connections: bool = False
-    story_period_s: float | None = None  # run exporter.sim.story on the engines
-    story_offset: int = 0  # position of this server's first engine in the fleet
-    story_count: int | None = None  # fleet size for the story (default: this server's engines)
-    vllm_version: str = "0.33.0"
-    #: Routes this server does not have (404), e.g. ``{"/weight_info"}`` for an older vLLM.
-    missing_routes: frozenset[str] = frozenset()
-    #: Fault: every engine's workers report DP rank 0 (the duplicate-key failure of
-    #: ``/weight_checker``). Otherwise engine i reports DP rank ``story_offset + i``.
-    duplicate_checksum_keys: bool = False
-    #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
-    #: (every rank healthy until ``SimApiServer.set_fault_status``).
-    fault_tolerance: bool = False
 
 
 class SimApiServer(ApiRoutes):

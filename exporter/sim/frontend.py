@@ -20,10 +20,10 @@ import zmq
 import zmq.asyncio
 
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.engine_core import EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
+from exporter.client.enginecore.events import TransportListener
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.client.transport.events import TransportListener
-from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.client.owner.transport import OwnerConfig, OwnerTransport
 from exporter.error import ProtocolError
 from exporter.protocol import decode_handshake_message
 

@@ -1,10 +1,11 @@
 """What a simulated engine is told: its state and faults (``SimOptions``) and how a test may
-answer a request in its place (``RequestHook``, ``SimReply``)."""
+answer a request in its place (``RequestHook``, ``SimReply``); what a simulated API server is
+told (``ApiServerOptions``: its engines' options and its own faults)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.sim.state import EngineState
@@ -88,3 +89,34 @@ class SimOptions:
             ignore_state_changes=self.ignore_state_changes,
             missing_methods=frozenset(self.missing_methods),
         )
+
+
+@dataclass
+class ApiServerOptions:
+    """State and faults of one simulated API server."""
+
+    engines: int = 2
+    dev_mode: bool = True
+    #: Per-engine state and faults (``sleeping``, ``paused``, ``refuse_reset``, ``reply_delay_s``,
+    #: ``hang``); missing entries get defaults.
+    engine_options: list[SimOptions] = field(default_factory=list)
+    #: engine position → text its utility calls raise (a failing engine).
+    failures: dict[int, str] = field(default_factory=dict)
+    engine_dead: bool = False  # every dev call answers vLLM's generic 500
+    old_reset_response: bool = False  # vLLM < 0.26: POST /reset_prefix_cache answers 200, empty
+    close_after_500: bool = True  # vLLM's behaviour
+    #: Fault: abort (without an answer) every request that arrives on a reused connection,
+    #: as a client sees it when it reuses a pooled connection the server has dropped.
+    reset_reused_connections: bool = False
+    story_period_s: float | None = None  # run exporter.sim.story on the engines
+    story_offset: int = 0  # position of this server's first engine in the fleet
+    story_count: int | None = None  # fleet size for the story (default: this server's engines)
+    vllm_version: str = "0.33.0"
+    #: Routes this server does not have (404), e.g. ``{"/weight_info"}`` for an older vLLM.
+    missing_routes: frozenset[str] = frozenset()
+    #: Fault: every engine's workers report DP rank 0 (the duplicate-key failure of
+    #: ``/weight_checker``). Otherwise engine i reports DP rank ``story_offset + i``.
+    duplicate_checksum_keys: bool = False
+    #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
+    #: (every rank healthy until ``SimApiServer.set_fault_status``).
+    fault_tolerance: bool = False

@@ -32,7 +32,7 @@ from aiohttp import web
 
 from exporter.base.logs import log_audit
 from exporter.control.actions import ACTIONS, ActionSpec
-from exporter.control.parsing import ActionRequest, BadRequest
+from exporter.control.parsing import ActionRequest, BadActionRequest
 from exporter.control.runner import ActionRunner
 from exporter.control.runtime import Exporter
 from exporter.web.admin_guard import (
@@ -43,7 +43,7 @@ from exporter.web.admin_guard import (
     source_key,
 )
 from exporter.web.basicauth import REALM as BASIC_REALM
-from exporter.web.basicauth import BasicAuth, protect
+from exporter.web.basicauth import BasicAuthChecker, protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY
 
 log = logging.getLogger("exporter.admin")
@@ -140,7 +140,7 @@ class AdminController:
         self._token = token.encode() if token is not None else None
         web = exporter.config.web
         self._basic = (
-            BasicAuth(web.users, throttle=self.auth_throttle)
+            BasicAuthChecker(web.users, throttle=self.auth_throttle)
             if token is None and web is not None and web.users
             else None
         )
@@ -156,7 +156,7 @@ class AdminController:
         )
 
     @property
-    def basic_auth(self) -> BasicAuth | None:
+    def basic_auth(self) -> BasicAuthChecker | None:
         """The web config's basic-auth checker of this listener (None: a token, or no users)."""
         return self._basic
 
@@ -270,7 +270,7 @@ class AdminController:
     async def _parse(self, pending: Pending) -> Answer | None:
         try:
             parsed = pending.spec.parse(dict(pending.http.query), pending.body)
-        except BadRequest as exc:
+        except BadActionRequest as exc:
             pending.audit["outcome"] = "bad_request"
             return 400, {"error": str(exc)}, {}
         pending.parsed = parsed
@@ -281,7 +281,7 @@ class AdminController:
         config = self.exporter.config
         if (
             pending.spec.state_changing
-            and config.attach == "relay"
+            and self.exporter.client.capabilities.beside_a_front_end
             and not config.relay_allow_state_changes
         ):
             pending.audit["outcome"] = "refused_in_relay_mode"

@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
 from aiohttp import web
 
 from exporter.base.ports import url_host
 from exporter.config.settings import ServeConfig
 from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.control.runtime import Exporter
-from exporter.error import ExporterError
+from exporter.error import StartupError
 from exporter.metrics.negotiation import VARY, wants_gzip
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
@@ -35,10 +34,6 @@ log = logging.getLogger("exporter.server")
 EXPORTER_KEY = web.AppKey("exporter", Exporter)
 ADMIN_URL_KEY = web.AppKey("admin_url", str)
 MAX_REQUEST_BYTES = 16 * 1024
-
-
-class StartupError(ExporterError):
-    """The service could not start: a socket could not be bound (the message names it)."""
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -94,7 +89,11 @@ def status_document(exporter: Exporter) -> dict[str, Any]:
     """The ``/status`` document (and the page's data) of ``exporter`` now."""
     poller = exporter.poller
     return status_json(
-        poller.snapshot, exporter.config, exporter.stats, poller.history, faults=exporter.faults
+        poller.snapshot,
+        exporter.config,
+        exporter.stats,
+        poller.history,
+        unexpected=exporter.client.unexpected_engines(),
     )
 
 
@@ -143,15 +142,10 @@ async def _run_exporter(app: web.Application) -> AsyncIterator[None]:
     exporter = app[EXPORTER_KEY]
     try:
         await exporter.start()
-    except BaseException as exc:
+    except BaseException:
         # Close what did start (sockets bound before the failing one) before reporting.
         with contextlib.suppress(Exception):
             await exporter.stop()
-        if isinstance(exc, zmq.ZMQError):
-            raise StartupError(
-                f"cannot open the engine-facing sockets: {exc} (see --handshake-address, "
-                "--advertise-host, --bind-host, --fixed-base-port)"
-            ) from None
         raise
     yield
     await exporter.stop()

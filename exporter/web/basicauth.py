@@ -75,7 +75,7 @@ def dummy_hash(hashes: Iterable[bytes]) -> bytes:
     return bcrypt.gensalt(cost, prefix=b"2b") + digest
 
 
-class BasicAuth:
+class BasicAuthChecker:
     """Checks ``Authorization: Basic`` credentials against bcrypt hashes (module docstring)."""
 
     def __init__(
@@ -180,7 +180,7 @@ def too_many(retry_after: float) -> web.Response:
     )
 
 
-BASIC_AUTH_KEY: web.AppKey[BasicAuth] = web.AppKey("basic_auth", BasicAuth)
+BASIC_AUTH_KEY: web.AppKey[BasicAuthChecker] = web.AppKey("basic_auth", BasicAuthChecker)
 
 
 def protect(
@@ -205,7 +205,7 @@ def protect(
 
         app.on_response_prepare.append(add_headers)
     if basic_auth and config.users:
-        checker = BasicAuth(config.users)
+        checker = BasicAuthChecker(config.users)
         app[BASIC_AUTH_KEY] = checker
 
         @web.middleware

@@ -17,8 +17,6 @@ from typing import Any
 
 from exporter.fleetstate.snapshot import FleetSnapshot
 
-CONTENT_TYPE = "application/json"
-
 
 def kv_events_targets(snap: FleetSnapshot, model_name: str | None = None) -> list[dict[str, Any]]:
     """One target group per connected engine whose publisher has a TCP target, engine order."""

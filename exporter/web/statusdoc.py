@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from exporter import __version__
-from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
@@ -169,13 +169,13 @@ def fleet_fault_tolerance_json(snap: FleetSnapshot) -> dict[str, Any]:
     }
 
 
-def unexpected_json(faults: ProtocolErrorTally | None) -> list[dict[str, Any]]:
+def unexpected_json(
+    unexpected: Mapping[str, tuple[int | None, int, float]],
+) -> list[dict[str, Any]]:
     """Engines outside the expected set that tried to handshake (newest last)."""
-    if faults is None:
-        return []
     return [
         {"identity": key, "dp_rank": rank, "handshakes": n, "last_seen_unix": unix}
-        for key, (rank, n, unix) in faults.unexpected_engines.items()
+        for key, (rank, n, unix) in unexpected.items()
     ]
 
 
@@ -258,7 +258,7 @@ def status_json(
     stats: Stats | None = None,
     history: FleetHistory | None = None,
     now: float | None = None,
-    faults: ProtocolErrorTally | None = None,
+    unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
 ) -> dict[str, Any]:
     """The whole document; without ``stats`` the counters are empty and last_action null."""
     now = time.time() if now is None else now
@@ -289,7 +289,7 @@ def status_json(
         "aggregate": aggregate,
         "fault_tolerance": fleet_fault_tolerance_json(snap),
         "last_membership_event": last_membership_json(snap),
-        "unexpected_engines": unexpected_json(faults),
+        "unexpected_engines": unexpected_json(unexpected or {}),
         "engines": [engine_json(e, now, stats) for e in snap.engines],
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),

@@ -21,13 +21,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import zmq.asyncio
 
+from bench.sim_vllm import SimAsyncLLM, SimEngineCore, start_sim_vllm
 from exporter.base.ports import free_listen_port
 from exporter.client.fleet import DEFAULT_ALLOWED_METHODS
-from exporter.client.inprocess import InProcessFleetClient
-from exporter.client.vllm_core import VllmCore
+from exporter.client.inprocess.client import InProcessFleetClient
+from exporter.client.inprocess.vllm_core import VllmCore
 from exporter.embed import start_exporter
 from exporter.sim.options import RequestHook, SimOptions
-from exporter.sim.vllm_client import SimAsyncLLM, SimEngineCore, start_sim_vllm
 from exporter.web.app import RunningService
 from tests.harness.service import RecordingSimEngine
 

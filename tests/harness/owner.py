@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable
 import zmq.asyncio
 
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.engine_core import EngineCoreClient
-from exporter.client.transport.owner import OwnerConfig, OwnerTransport
+from exporter.client.owner import OwnerConfig, OwnerTransport, owner_client
 from tests.harness.rawengine import RawEngine
 from tests.harness.wire import loopback_address
 
@@ -22,10 +21,7 @@ class OwnerHarness:
         config = OwnerConfig(
             handshake_address=self.address, engine_count=count, start_rank=start_rank
         )
-        self.client = EngineCoreClient(
-            lambda listener: OwnerTransport(config, listener, self.faults, context=self.ctx),
-            self.faults,
-        )
+        self.client = owner_client(config, self.faults, context=self.ctx)
         transport = self.client.transport
         assert isinstance(transport, OwnerTransport)
         self.transport = transport

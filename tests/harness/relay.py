@@ -16,9 +16,9 @@ from typing import Any, cast
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.base.ports import free_listen_port
-from exporter.client.engine_core import EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.fleet import EngineOutcome
-from exporter.client.transport.relay import RelayTransport
+from exporter.client.relay.transport import RelayTransport
 from exporter.config.settings import ServeConfig
 from exporter.control.attach import build_fleet
 from exporter.metrics.stats import Stats
@@ -38,6 +38,11 @@ class Relay:
     @property
     def transport(self) -> RelayTransport:
         return cast(RelayTransport, self.client.transport)
+
+    @property
+    def handshakes(self) -> Counter[str]:
+        """Relayed handshakes by result (``vllm_dp_relay_handshakes_total``; 0 when none)."""
+        return Counter(self.client.counters()["vllm_dp_relay_handshakes_total"])
 
     async def call(
         self, method: str = "is_sleeping", timeout_s: float = 1.0
@@ -88,9 +93,7 @@ class RelayHarness:
     async def start_relay(self, **overrides: Any) -> Relay:
         faults = ProtocolErrorTally()
         stats = Stats()
-        client = build_fleet(
-            self.serve_config(**overrides), faults, relay_handshakes=stats.relay_handshakes
-        )
+        client = build_fleet(self.serve_config(**overrides), faults)
         assert isinstance(client, EngineCoreClient)
         relay = Relay(client, faults, stats)
         await client.start()

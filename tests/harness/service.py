@@ -20,7 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from exporter.base.ports import free_listen_port
-from exporter.client.engine_core import EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
 from exporter.sim.engine import SimEngine

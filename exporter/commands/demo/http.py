@@ -15,7 +15,8 @@ import contextlib
 from aiohttp import web
 
 from exporter.commands.demo.common import DemoOptions, demo_config, serve_demo
-from exporter.sim.api_server import ApiServerOptions, start_api_server
+from exporter.sim.api_server import start_api_server
+from exporter.sim.options import ApiServerOptions
 
 MAX_NODES = 3
 

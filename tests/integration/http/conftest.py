@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from exporter.client.http import HttpFleetClient
+from exporter.client.http.client import HttpFleetClient
 from tests.harness.apiservers import ApiServers, StartApi
 from tests.harness.service import ServiceFactory, Services
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
-from exporter.client.http_replies import DEV_MODE_OFF
+from exporter.client.http.replies import DEV_MODE_OFF
 from exporter.metrics.catalog import METRICS
 from exporter.sim.engine import SimEngine
 from exporter.sim.options import SimOptions

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import FAULT_STATUS
-from exporter.client.http import HttpFleetClient
-from exporter.client.http_fault import BAD_FT_ANSWER
-from exporter.client.http_replies import MAX_FT_ANSWER
+from exporter.client.http.client import HttpFleetClient
+from exporter.client.http.fault import BAD_FT_ANSWER
+from exporter.client.http.replies import MAX_FT_ANSWER
 from exporter.control.attach import parse_targets
 from exporter.protocol.pushes import FT_STATE_VALUES
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
@@ -160,7 +159,7 @@ async def test_target_without_the_route(
     apis[2].sim.set_fault_status(0, "unhealthy", "RuntimeError")
     status, body = await gate(ex)
     assert (status, body["failing_engines"]) == (412, ["last"])
-    assert ex.exporter.client.supports(FAULT_STATUS)
+    assert ex.exporter.client.capabilities.fault_status
 
 
 #: Answers that cannot be read as a whole, or whose one rank's status cannot be read.

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import Outcome
-from exporter.client.http import HttpFleetClient, HttpTarget
-from exporter.client.http_routes import MAX_ANSWER, MAX_CHECKSUM_ANSWER
+from exporter.client.http.client import HttpFleetClient, HttpTarget
+from exporter.client.http.routes import MAX_ANSWER, MAX_CHECKSUM_ANSWER
 from tests.harness.hostile_api import HostileApi, gate_doc, plain_good, sidecar_over
 from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.service import Service

@@ -10,9 +10,10 @@ import pytest
 
 from exporter.base.ports import free_listen_port
 from exporter.client.fleet import Outcome
-from exporter.client.http import HttpFleetClient, HttpTarget
-from exporter.client.http_replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
-from exporter.control.attach import http_client, parse_targets, read_targets_file
+from exporter.client.http.client import HttpFleetClient, HttpTarget
+from exporter.client.http.replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
+from exporter.config.rules import target_lines
+from exporter.control.attach import http_client, parse_targets
 from exporter.control.parsing import parse_reset
 from exporter.control.verdicts import classify
 from exporter.error import ConfigError, MethodNotAllowed
@@ -283,11 +284,11 @@ def test_targets_file_and_labels(tmp_path: Path) -> None:
         "  rank-1=http://10.0.0.2:8000/  # trailing comment\n"
         "https://vllm.example:443\n"
     )
-    assert read_targets_file(str(f)) == [
+    assert target_lines(f.read_text()) == (
         "http://10.0.0.1:8000",
         "rank-1=http://10.0.0.2:8000/",
         "https://vllm.example:443",
-    ]
+    )
     config = http_config(["first=http://10.0.0.9:8000"], http_targets_file=str(f))
     client = http_client(config)
     assert client.targets == [

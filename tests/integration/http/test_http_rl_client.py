@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, Outcome
-from exporter.client.http import HttpFleetClient
-from exporter.client.http_replies import (
+from exporter.client.http.client import HttpFleetClient
+from exporter.client.http.replies import (
     DEV_MODE_OFF,
     UNSUPPORTED_HINT,
     interpret,
     rank_prefix,
     split_checksums,
 )
-from exporter.client.http_routes import Route, route
+from exporter.client.http.routes import Route, route
 from exporter.control.attach import parse_targets
 from exporter.error import MethodNotAllowed
 from exporter.sim.options import SimOptions

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.http_plugin import MAX_ENGINES, RANK_ABSENT_ANSWERS
+from exporter.client.http.plugin import MAX_ENGINES, RANK_ABSENT_ANSWERS
 from tests.harness.hostile_api import HostileApi, gate_doc, sidecar_over
 from tests.harness.scrape import parse_metrics, samples
 from tests.harness.service import Service

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import FAULT_STATUS
-from exporter.client.inprocess import InProcessFleetClient
+from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
 from exporter.web.app import RunningService
 from tests.harness.inprocess import (
@@ -114,7 +113,7 @@ async def test_without_engine_status_the_gate_cannot_tell(
     mode cannot answer (501), and no engine has a status."""
     del sim_vllm.core._engine_status
     service = await serve(sim_vllm, embedded)
-    assert not service.exporter.client.supports(FAULT_STATUS)
+    assert not service.exporter.client.capabilities.fault_status
     status, body = await get_json(service, "/gate?healthy=true")
     assert status == 501 and body["unsupported"] == ["healthy"]
     state = await ft_state(service)
@@ -131,7 +130,7 @@ async def test_fault_tolerance_off_reports_nothing(
     gate's ``healthy`` holds (no rank says otherwise)."""
     assert sim_vllm.core._engine_status == {}
     service = await serve(sim_vllm, embedded)
-    assert service.exporter.client.supports(FAULT_STATUS)
+    assert service.exporter.client.capabilities.fault_status
     state = await ft_state(service)
     assert state["series"] == {e: {} for e in ENGINES}
     assert state["fleet"]["reported_engines"] == []

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.client.http import HttpFleetClient
+from exporter.client.http.client import HttpFleetClient
 from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService, start_service
 from tests.harness.plugin_app import PluginApps

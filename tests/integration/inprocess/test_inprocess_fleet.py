@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from bench.sim_vllm import EngineDeadError
 from exporter.client.fleet import READ_METHODS, EngineOutcome, Outcome
-from exporter.client.inprocess import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
+from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
 from exporter.error import MethodNotAllowed
 from exporter.sim.options import SimOptions, SimReply
-from exporter.sim.vllm_client import EngineDeadError
 from tests.harness.inprocess import SimVllm, SimVllmFactory
 from tests.harness.waiting import eventually
 

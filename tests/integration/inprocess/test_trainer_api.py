@@ -19,9 +19,9 @@ import pytest
 from exporter.base.ports import free_listen_port
 from exporter.embed import start_exporter
 from exporter.embed.vllm_facts import check_loop
-from exporter.error import ConfigError
+from exporter.error import ConfigError, StartupError
 from exporter.sim.options import SimOptions
-from exporter.web.app import RunningService, StartupError
+from exporter.web.app import RunningService
 from tests.harness.inprocess import (
     ADMIN_TOKEN,
     EmbeddedExporters,

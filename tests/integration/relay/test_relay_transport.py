@@ -12,8 +12,8 @@ import zmq.asyncio
 from prometheus_client import generate_latest
 
 from exporter.base.ports import free_port_range
+from exporter.client.enginecore.links import Phase
 from exporter.client.fleet import Outcome
-from exporter.client.transport.links import Phase
 from exporter.control.runtime import Exporter
 from exporter.protocol import decode_handshake_message, encode_init
 from exporter.protocol.relay import append_client_slot, strip_client_slot
@@ -57,7 +57,7 @@ async def test_relay_concurrent_calls_without_cross_talk(
     assert cross_talk(relay.faults) == {}
     assert cross_talk(h.fe.faults) == {}
     assert relay.client.pending_count == 0
-    assert relay.stats.relay_handshakes == {"completed": engine_count}
+    assert relay.handshakes == {"completed": engine_count}
     assert transport.connected_count() == engine_count
     fe_links = {v.engine_index: v for v in h.fe.transport.link_snapshots()}
     for i, engine in enumerate(engines):
@@ -152,7 +152,7 @@ async def test_exporter_restart_on_fixed_addresses_with_state_file(
     assert [o.outcome for o in outcomes] == [Outcome.OK] * 3
     assert t2.connected_count() == 3
     await eventually(lambda: relay2.faults.counts.get("unknown_call_id", 0) >= 1, 2.0, "stale")
-    assert relay2.stats.relay_handshakes == {}
+    assert relay2.handshakes == {}
     assert all(h.fe.hello_count(i) == 1 and h.fe.ready_count(i) == 1 for i in range(3))
     assert all(v.handshakes == 0 for v in t2.link_snapshots())
     assert cross_talk(h.fe.faults) == {}
@@ -178,15 +178,18 @@ async def test_upstream_late(make_harness: MakeHarness) -> None:
     h: RelayHarness = make_harness(3)
     relay = await h.start_relay()
     h.start_engines()
-    await asyncio.sleep(1.0)
+    await eventually(
+        lambda: all(relay.transport.phase(i) is Phase.HELLO_SENT for i in range(3)),
+        5.0,
+        "every HELLO relayed to the absent front end",
+    )
     assert relay.transport.connected_count() == 0
-    assert all(relay.transport.phase(i) is Phase.HELLO_SENT for i in range(3))
     assert [o.outcome for o in await relay.call()] == [Outcome.DISCONNECTED] * 3
     await h.start_frontend()
     await h.wait_handshakes()
     assert all(o.outcome is Outcome.OK for o in await relay.call())
     assert all(h.fe.hello_count(i) == 1 and h.fe.ready_count(i) == 1 for i in range(3))
-    assert relay.stats.relay_handshakes == {"completed": 3}
+    assert relay.handshakes == {"completed": 3}
 
 
 async def test_upstream_timeout_is_counted_and_never_replayed(make_harness: MakeHarness) -> None:
@@ -195,7 +198,7 @@ async def test_upstream_timeout_is_counted_and_never_replayed(make_harness: Make
     relay.transport.config.upstream_timeout_s = 0.3
     h.start_engine(0, SimOptions(handshake_timeout_s=5.0))
     await eventually(
-        lambda: relay.stats.relay_handshakes["upstream_timeout"] == 1, 3.0, "upstream timeout"
+        lambda: relay.handshakes["upstream_timeout"] == 1, 3.0, "upstream timeout"
     )
     assert relay.transport.phase(0) is Phase.IDLE
     # The dropped HELLO is not delivered when the front end appears later.
@@ -217,7 +220,7 @@ async def test_unknown_identity_is_counted_not_forwarded(make_harness: MakeHarne
             lambda: relay.faults.counts.get("unknown_identity", 0) >= 1, 3.0, "unknown identity"
         )
         assert h.fe.transport.received[(b"\x07\x00", "HELLO")] == 0
-        assert relay.stats.relay_handshakes == {"completed": 2}
+        assert relay.handshakes == {"completed": 2}
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -247,7 +250,7 @@ async def test_init_rewrite_refused_forwards_unchanged(make_harness: MakeHarness
         assert decode_handshake_message(ready).status == "READY"
         assert relay.transport.init_frames(0) == (odd_init, odd_init)
         assert engine.init_addresses == (["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"])
-        assert relay.stats.relay_handshakes == {"init_rewrite_refused": 1}
+        assert relay.handshakes == {"init_rewrite_refused": 1}
         assert relay.faults.counts.get("init_not_canonical") == 1
         assert not relay.transport.is_callable(0)
         assert [o.outcome for o in await relay.call()] == [Outcome.DISCONNECTED]
@@ -271,7 +274,7 @@ async def test_engine_restart_relayed_again(make_harness: MakeHarness) -> None:
     await eventually(lambda: h.fe.ready_count(0) == 2, 5.0, "second READY at the front end")
     await relay.transport.wait_connected(3.0)
     assert h.fe.hello_count(0) == 2 and h.fe.hello_count(1) == 1
-    assert relay.stats.relay_handshakes == {"completed": 3}
+    assert relay.handshakes == {"completed": 3}
     assert [v.handshakes for v in relay.transport.link_snapshots()] == [2, 1]
     outcomes = await relay.call()
     assert [o.outcome for o in outcomes] == [Outcome.OK, Outcome.OK]

@@ -27,6 +27,7 @@ from exporter.remote import (
 from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.service import Service, ServiceFactory
+from tests.harness.waiting import eventually
 
 TOKEN = "remote-token-3c4d5e6f7a8b"
 CORRUPT = "model.layers.0.mlp.down_proj.weight"
@@ -160,7 +161,9 @@ async def test_one_action_at_a_time_is_a_conflict(fleet: ServiceFactory) -> None
     svc.engines[0].state.drain_s = 1.0  # pause(mode="wait") answers once in-flight work drained
     async with client(svc) as dp, client(svc) as other:
         running = asyncio.create_task(dp.pause(mode="wait", idempotency_key="pause-1"))
-        await asyncio.sleep(0.3)
+        await eventually(
+            lambda: all(e.args_of("pause_scheduler") for e in svc.engines), 5, "pause sent"
+        )
         with pytest.raises(Conflict) as busy:
             await other.resume()
         assert busy.value.status == 409 and "already running" in busy.value.detail

@@ -1,4 +1,4 @@
-"""``vllm-dp-exporter demo`` with an admin token and with a web config, as the README runs it:
+"""``vllm-dp-exporter demo`` with an admin token and with a web config, as the docs run it:
 the demo's own trainer authenticates with the token; with TLS and basic auth, ``ctl`` and
 ``exporter.remote`` reach it with the CA and the credentials."""
 
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.slow  # a demo process, and openssl for the certificate
 TOKEN = "demo-admin-token-5f6a7b8c9d0e"
 
 
-def readme_python_loop() -> str:
-    """The README's RL loop in Python (the first python block after its heading)."""
-    text = (ROOT / "README.md").read_text()
+def documented_python_loop() -> str:
+    """docs/rl.md's RL loop in Python (the first python block after its heading)."""
+    text = (ROOT / "docs" / "rl.md").read_text()
     section = text[text.index("### The same loop from Python") :]
     found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, "the README has no Python RL loop"
+    assert found is not None, "docs/rl.md has no Python RL loop"
     return found.group(1)
 
 
@@ -103,10 +103,10 @@ async def test_the_demo_with_an_admin_token(tmp_path: Path) -> None:
         terminate(proc)
 
 
-async def test_the_readme_python_loop_runs_against_the_demo(
+async def test_the_documented_python_loop_runs_against_the_demo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """As the README says: ``demo --admin-token-file admin-token --story-period 0
+    """As docs/rl.md says: ``demo --admin-token-file admin-token --story-period 0
     --reset-every 0``, then its Python block, unchanged but for the ports and the token path."""
     token_file = tmp_path / "admin-token"
     token_file.write_text(TOKEN + "\n")
@@ -124,7 +124,7 @@ async def test_the_readme_python_loop_runs_against_the_demo(
         url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
         async with Client(url, None) as dp:
             await until_status(dp, proc, log)
-        code = readme_python_loop()
+        code = documented_python_loop()
         for documented, here in (
             ("http://127.0.0.1:19400", url),
             ("http://127.0.0.1:19401", admin),

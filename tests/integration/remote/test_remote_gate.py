@@ -12,6 +12,7 @@ from exporter.remote import BadRequest, Client, GateResult, Progress, Status, Wa
 from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.service import ServiceFactory
+from tests.harness.waiting import eventually
 
 RESUMED = {"weight_version": "v2", "sleeping": False, "paused": False}
 
@@ -43,7 +44,7 @@ async def test_wait_reports_progress_until_the_fleet_catches_up(fleet: ServiceFa
 
     async with Client(svc.url, None) as dp:
         waiting = asyncio.create_task(dp.wait(RESUMED, 10, progress=progress, interval_s=0.1))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: len(seen) >= 2, 5, "two closed gates reported")
         assert not waiting.done()
         for engine in svc.engines:
             engine.state.weight_version = "v2"

@@ -9,7 +9,7 @@ import os
 import pytest
 import zmq.asyncio
 
-from exporter.client.engine_core import EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
 from exporter.control.runtime import Exporter
 from exporter.metrics.stats import histogram_rows
 from exporter.sim.engine import SimEngine
@@ -21,7 +21,7 @@ from tests.harness.waiting import eventually
 POLLS = 2000
 
 
-async def test_case6_flapping_engine_over_thousands_of_polls_stays_bounded() -> None:
+async def test_a_flapping_engine_over_thousands_of_polls_stays_bounded() -> None:
     """Engine 1 alternates between answering, failing ("Server shutting down") and
     hanging. After every poll no call is pending; label sets and per-engine state stay small."""
     config = make_config(2, call_timeout=0.005, poll_interval=5.0)
@@ -71,7 +71,7 @@ def open_fds() -> set[str]:
 
 
 @pytest.mark.slow
-async def test_case6_no_task_or_fd_leak_across_a_service_lifetime() -> None:
+async def test_no_task_or_fd_leaks_across_a_service_lifetime() -> None:
     config = make_config(2, poll_interval=0.1, call_timeout=0.3)
     address = config.handshake_address
     with sim_processes(SimProcess(address, 0), SimProcess(address, 1)):

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from exporter.client.enginecore.dataplane import EngineDataPlane
 from exporter.client.fleet import Outcome
-from exporter.client.transport.dataplane import EngineDataPlane
 from exporter.protocol import encode_utility_request
 from exporter.protocol.utility import MAX_CLIENT_INDEX
 from tests.harness.service import ServiceFactory

@@ -17,7 +17,7 @@ from tests.harness.waiting import eventually
 MARGIN_S = 0.5
 
 
-async def test_case1_hung_engines_time_out_alone_and_polls_stay_bounded(
+async def test_hung_engines_time_out_alone_and_polls_stay_bounded(
     service_factory: ServiceFactory,
 ) -> None:
     """Three of five engines hang: only they time out, every poll ends within
@@ -66,7 +66,7 @@ async def test_case1_hung_engines_time_out_alone_and_polls_stay_bounded(
         assert ((timeouts or 0.0) > 0) if i in hung else not timeouts, (i, timeouts)
 
 
-async def test_case2_announced_death_is_reported_at_once(service_factory: ServiceFactory) -> None:
+async def test_an_announced_death_is_reported_at_once(service_factory: ServiceFactory) -> None:
     """ENGINE_CORE_DEAD: the call queued behind the fatal one fails at once (not at its 3 s
     timeout), new calls are DISCONNECTED without a send, and engine_up drops to 0 well
     within the 5 s poll interval (only the immediate poll can do that)."""
@@ -105,7 +105,9 @@ async def test_case2_announced_death_is_reported_at_once(service_factory: Servic
 
 
 @pytest.mark.slow
-async def test_case2_silent_death_sigkill(service_factory: ServiceFactory) -> None:
+async def test_a_sigkilled_engine_is_down_within_one_call_timeout(
+    service_factory: ServiceFactory,
+) -> None:
     """A SIGKILLed engine sends nothing: its pending call fails promptly (socket monitor),
     engine_up drops to 0 within one call timeout even with a 5 s poll interval, and /metrics
     answers throughout."""
@@ -158,7 +160,7 @@ async def test_case2_silent_death_sigkill(service_factory: ServiceFactory) -> No
 
 
 @pytest.mark.slow
-async def test_case3_restarted_engine_handshakes_again(service_factory: ServiceFactory) -> None:
+async def test_a_restarted_engine_handshakes_again(service_factory: ServiceFactory) -> None:
     """Kill engine 1's process and start it again: it re-handshakes on the same address and is
     reported up again (handshakes 2), without restarting the exporter."""
     svc = await service_factory(2, poll_interval=0.2, call_timeout=0.4)

@@ -18,7 +18,7 @@ from tests.harness.service import make_config, start_service
 from tests.harness.waiting import eventually
 
 
-async def test_case4_reattachable_engine_not_yet_connected_is_disconnected_at_once(
+async def test_a_reattachable_engine_not_yet_connected_is_disconnected_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Fixed ports, no engine connected yet: the send is refused (EHOSTUNREACH) and the call
@@ -37,7 +37,7 @@ async def test_case4_reattachable_engine_not_yet_connected_is_disconnected_at_on
 
 
 @pytest.mark.slow
-async def test_case4_restarted_exporter_reattaches_on_fixed_ports(
+async def test_a_restarted_exporter_reattaches_on_fixed_ports(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     base = free_port_range(3)

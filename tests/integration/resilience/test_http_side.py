@@ -23,7 +23,7 @@ from tests.harness.service import ServiceFactory
 TOKEN = "s3cret-admin-token"
 
 
-async def test_case7_oversized_admin_body_is_refused(service_factory: ServiceFactory) -> None:
+async def test_an_oversized_admin_body_is_refused(service_factory: ServiceFactory) -> None:
     svc = await service_factory(2)
     await svc.start_engines()
     await svc.ready()
@@ -63,7 +63,7 @@ async def _read_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tu
     return data, time.monotonic() - started
 
 
-async def test_case7_header_deadline_and_keepalive() -> None:
+async def test_slow_headers_close_at_the_deadline_and_idle_keepalives_at_their_timeout() -> None:
     """Half a request line, a slow drip, and a half-sent second request on a kept-alive
     connection are all cut within their deadline; complete requests are served."""
     header_timeout, keepalive_timeout = 0.5, 1.0
@@ -165,7 +165,7 @@ async def _storm(url: str, duration_s: float) -> tuple[Counter[int], int]:
 
 
 @pytest.mark.slow
-async def test_case7_scrape_storm_does_not_starve_the_poller(
+async def test_a_scrape_storm_does_not_starve_the_poller(
     service_factory: ServiceFactory,
 ) -> None:
     interval, call_timeout = 0.1, 0.5
@@ -219,7 +219,7 @@ async def test_case7_scrape_storm_does_not_starve_the_poller(
             assert svc.exporter.stats.utility_calls[(method, engine, "timeout")] == 0
 
 
-async def test_case7_admin_token_abuse_is_rate_limited_and_audited(
+async def test_admin_token_abuse_is_rate_limited_and_audited(
     service_factory: ServiceFactory, tmp_path: Any
 ) -> None:
     token_file = tmp_path / "token"

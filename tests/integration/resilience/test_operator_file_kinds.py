@@ -30,7 +30,6 @@ import pytest
 from exporter.base.ports import free_listen_port
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.config.webconfig import load_web_config
-from exporter.control.attach import read_targets_file
 from exporter.embed.runtime import InProcessRuntime, plugin_config
 from exporter.error import ConfigError
 from exporter.remote.credentials import Credentials
@@ -118,7 +117,6 @@ def test_every_operator_file_kind_refuses_what_is_not_a_regular_file(
         "--http-targets-file": lambda: resolve_config(
             None, environ={}, http_targets_file=path, **{**HTTP, "http_target": None}
         ),
-        "targets file (attach)": lambda: read_targets_file(path),
         "web config file": lambda: load_web_config(path),
         "web config cert_file": lambda: load_web_config(
             web_config_naming(tmp_path, "cert_file", not_a_file)

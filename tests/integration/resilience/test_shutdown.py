@@ -19,7 +19,7 @@ from tests.harness.processes import PYTHON, ROOT, SimProcess, can_bind, sim_proc
 pytestmark = pytest.mark.slow
 
 
-async def test_case8_sigterm_during_reset_drains_and_exits_cleanly() -> None:
+async def test_sigterm_during_a_reset_drains_and_exits_cleanly() -> None:
     hs_port, listen, admin = free_listen_port(), free_listen_port(), free_listen_port()
     base = free_port_range(3)
     handshake = f"tcp://127.0.0.1:{hs_port}"

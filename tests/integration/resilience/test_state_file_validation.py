@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.transport.dataplane import EngineDataPlane
+from exporter.client.enginecore.dataplane import EngineDataPlane
 from tests.harness.relay import cross_talk
 from tests.harness.restart import VLLM_VERSION, RestartRig
 from tests.harness.service import Service

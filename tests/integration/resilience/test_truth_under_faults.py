@@ -14,7 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from exporter.client.transport.owner import OwnerTransport
+from exporter.client.owner.transport import OwnerTransport
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
     encode_handshake_message,

@@ -22,6 +22,7 @@ from exporter.commands.ctl.wait import format_failing
 from exporter.sim.options import SimOptions
 from tests.harness.processes import run_cli
 from tests.harness.service import Service, ServiceFactory
+from tests.harness.waiting import eventually
 
 CORRUPT = "model.layers.0.mlp.down_proj.weight"
 TOKEN = "rl-ctl-token-5e6f7a8b9c"
@@ -226,7 +227,7 @@ async def test_wait_holds_once_the_fleet_catches_up(
             "0.1",
         )
     )
-    await asyncio.sleep(0.4)
+    await eventually(lambda: svc.exporter.gate.fanouts >= 2, 5, "two closed gates")
     assert not waiting.done()
     for engine in svc.engines:
         engine.state.weight_version = "v2"

@@ -79,7 +79,7 @@ def test_design_metrics_are_in_the_catalog() -> None:
 
 def test_every_metric_name_in_the_docs_exists() -> None:
     """No page (README.md included, when present) names a metric the exporter lacks."""
-    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
     known = all_sample_names()
     checked = 0
     for page in pages:
@@ -87,7 +87,7 @@ def test_every_metric_name_in_the_docs_exists() -> None:
             continue
         checked += 1
         unknown = set(re.findall(r"\bvllm_dp_[a-z0-9_]+", page.read_text())) - known
-        assert not unknown, f"{page.name} names unknown metrics {sorted(unknown)}"
+        assert not unknown, f"{page.relative_to(ROOT)} names unknown metrics {sorted(unknown)}"
     assert checked >= 1
 
 

@@ -22,7 +22,7 @@ from exporter.commands.service import serve
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.config.webconfig import load_web_config
 from exporter.error import ConfigError
-from exporter.web.basicauth import BasicAuth
+from exporter.web.basicauth import BasicAuthChecker
 from tests.harness import artefacts
 from tests.harness.processes import run_cli
 from tests.harness.tls import PASSWORD, USER, Pki, bcrypt_hash, make_pki, write_web_config
@@ -261,7 +261,8 @@ async def test_admin_basic_auth_without_a_token(pki: Pki, tmp_path: Path) -> Non
 
 
 async def test_basic_auth_remembers_only_verified_credentials() -> None:
-    auth = BasicAuth({b"u": bcrypt_hash("pw").encode(), b"v": bcrypt_hash("pw2", 6).encode()})
+    users = {b"u": bcrypt_hash("pw").encode(), b"v": bcrypt_hash("pw2", 6).encode()}
+    auth = BasicAuthChecker(users)
     assert auth.dummy_cost == 6  # unknown users cost as much as the costliest configured hash
     header = basic("u", "pw")["Authorization"]
     assert await auth.check(header)

@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from exporter.base.faults import MAX_UNEXPECTED
+from exporter.client.enginecore.events import MAX_UNEXPECTED
 from exporter.protocol import HELLO, encode_handshake_message
 from exporter.sim.engine import SimEngine
 from exporter.sim.options import SimOptions

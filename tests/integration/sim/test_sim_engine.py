@@ -22,6 +22,7 @@ from exporter.sim.engine import (
 from exporter.sim.options import SimOptions
 from exporter.sim.state import PARAMETER_NAMES
 from tests.harness.stockclient import StockClient
+from tests.harness.waiting import eventually
 from tests.harness.wire import loopback_address
 
 
@@ -59,7 +60,7 @@ async def rig_factory() -> AsyncIterator[object]:
         await r.close()
 
 
-async def test_case16_handshake_order_and_all_sockets(rig_factory) -> None:
+async def test_the_engine_registers_on_every_input_before_ready(rig_factory) -> None:
     rig = rig_factory(slots=2)
     rig.engine(3)
     identity, hello = await rig.front.recv_hs()
@@ -87,7 +88,9 @@ async def test_case16_handshake_order_and_all_sockets(rig_factory) -> None:
         [{"inputs": [], "outputs": []}, {}],
     ],
 )
-async def test_case17_bad_init_aborts_startup(rig_factory, init: object) -> None:
+async def test_an_init_the_engine_cannot_decode_aborts_its_startup(
+    rig_factory, init: object
+) -> None:
     rig = rig_factory()
     rig.engine(0)
     identity, _ = await rig.front.recv_hs()
@@ -96,7 +99,7 @@ async def test_case17_bad_init_aborts_startup(rig_factory, init: object) -> None
         await asyncio.wait_for(rig.tasks[0], 3)
 
 
-async def test_case17_unknown_init_keys_ignored(rig_factory) -> None:
+async def test_unknown_init_keys_are_ignored(rig_factory) -> None:
     rig = rig_factory()
     rig.engine(0)
     identity, _ = await rig.front.recv_hs()
@@ -111,7 +114,9 @@ async def test_case17_unknown_init_keys_ignored(rig_factory) -> None:
     assert ready.status == "READY"
 
 
-async def test_case18_reply_shape_and_failure_text(rig_factory) -> None:
+async def test_replies_have_nine_positions_vllms_failure_text_and_a_wrapped_none(
+    rig_factory,
+) -> None:
     rig = rig_factory()
     rig.engine(1)
     await rig.front.handshake(1)
@@ -131,7 +136,7 @@ async def test_case18_reply_shape_and_failure_text(rig_factory) -> None:
     assert decoded[4] == [call_id, None, [None, None]], "None results are still [nil, nil]"
 
 
-async def test_case19_reply_goes_to_client_index_slot(rig_factory) -> None:
+async def test_a_reply_goes_to_the_output_of_the_requests_client_index(rig_factory) -> None:
     rig = rig_factory(slots=2)
     rig.engine(0)
     await rig.front.handshake(0)
@@ -154,7 +159,7 @@ async def _failure(rig: Rig, method: str, args: tuple[Any, ...] = ()) -> str:
     return str(out.utility.failure_message)
 
 
-async def test_case20_method_semantics(rig_factory) -> None:
+async def test_sleep_wake_up_pause_and_reset_answer_as_vllms_do(rig_factory) -> None:
     rig = rig_factory()
     rig.engine(0)
     await rig.front.handshake(0)
@@ -184,7 +189,7 @@ async def test_case20_method_semantics(rig_factory) -> None:
     )
 
 
-async def test_case21_shutdown_window_then_clean_exit(rig_factory) -> None:
+async def test_a_stopping_engine_answers_shutting_down_then_exits_without_dead(rig_factory) -> None:
     rig = rig_factory()
     engine = rig.engine(0, shutdown_window_s=0.5)
     await rig.front.handshake(0)
@@ -194,7 +199,7 @@ async def test_case21_shutdown_window_then_clean_exit(rig_factory) -> None:
     assert await rig.front.recv_raw(timeout_s=0.3) is None, "no ENGINE_CORE_DEAD on a clean exit"
 
 
-async def test_case21_fatal_error_sends_dead_on_every_output(rig_factory) -> None:
+async def test_a_fatal_error_sends_engine_core_dead_on_every_output(rig_factory) -> None:
     rig = rig_factory(slots=2)
     rig.engine(0, dead_after_calls=1)
     await rig.front.handshake(0)
@@ -205,7 +210,7 @@ async def test_case21_fatal_error_sends_dead_on_every_output(rig_factory) -> Non
     assert await asyncio.wait_for(rig.tasks[0], 3) == "dead"
 
 
-async def test_case22_deferred_sleep_waits_for_drain(rig_factory) -> None:
+async def test_a_sleep_that_waits_for_the_drain_is_answered_after_a_later_call(rig_factory) -> None:
     rig = rig_factory()
     rig.engine(0, drain_s=0.4)
     await rig.front.handshake(0)
@@ -216,38 +221,35 @@ async def test_case22_deferred_sleep_waits_for_drain(rig_factory) -> None:
     assert [first.utility.call_id, second.utility.call_id] == [probe_id, sleep_id]
 
 
-async def test_case23_unknown_type_byte_kills_input_thread(rig_factory) -> None:
+async def test_an_unknown_request_type_kills_the_input_thread(rig_factory) -> None:
     rig = rig_factory()
     engine = rig.engine(0)
     await rig.front.handshake(0)
     await rig.front.call(0, "is_sleeping", request_type=b"\x07")
-    await asyncio.sleep(0.1)
-    assert engine.input_alive is False
+    await eventually(lambda: engine.input_alive is False, 3, "the input thread died")
     await rig.front.call(0, "is_sleeping")
     assert await rig.front.recv_raw(timeout_s=0.3) is None, "the engine is a silent zombie now"
 
 
-async def test_case23_malformed_payload_kills_input_thread(rig_factory) -> None:
+async def test_a_malformed_utility_payload_kills_the_input_thread(rig_factory) -> None:
     rig = rig_factory()
     engine = rig.engine(0)
     await rig.front.handshake(0)
     await rig.front.call(0, "x", payload=b"\x93\x00\x01\xa1x")
-    await asyncio.sleep(0.1)
-    assert engine.input_alive is False
+    await eventually(lambda: engine.input_alive is False, 3, "the input thread died")
 
 
-async def test_case23_out_of_range_client_index_kills_output_thread(rig_factory) -> None:
+async def test_an_out_of_range_client_index_kills_the_output_thread(rig_factory) -> None:
     rig = rig_factory()
     engine = rig.engine(0)
     await rig.front.handshake(0)
     await rig.front.call(0, "is_sleeping", client_index=5)
-    await asyncio.sleep(0.1)
-    assert engine.output_alive is False
+    await eventually(lambda: engine.output_alive is False, 3, "the output thread died")
     await rig.front.call(0, "is_sleeping")
     assert await rig.front.recv_raw(timeout_s=0.3) is None
 
 
-async def test_case23_executor_failed_type_kills_engine(rig_factory) -> None:
+async def test_the_executor_failed_request_type_kills_the_engine(rig_factory) -> None:
     rig = rig_factory()
     rig.engine(0)
     await rig.front.handshake(0)

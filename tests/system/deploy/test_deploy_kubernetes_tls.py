@@ -18,7 +18,7 @@ import yaml
 from exporter.commands.cli import build_parser
 from exporter.config.settings import resolve_config
 from exporter.config.webconfig import load_web_config
-from exporter.web.basicauth import BasicAuth
+from exporter.web.basicauth import BasicAuthChecker
 from tests.harness import artefacts
 from tests.harness.tls import make_pki
 
@@ -129,4 +129,4 @@ async def test_web_config_example_is_valid_exporter_toolkit_format(tmp_path: Pat
     config = load_web_config(str(tmp_path / "web.yml"))
     assert config.client_auth_type == "NoClientCert"
     header = "Basic " + base64.b64encode(b"prometheus:change-me").decode()
-    assert await BasicAuth(config.users).check(header)
+    assert await BasicAuthChecker(config.users).check(header)

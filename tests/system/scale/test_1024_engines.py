@@ -6,7 +6,7 @@ process (``tests.system.scale.bulk_engines``: plain pyzmq, cheap enough for a qu
 is never started, and a peer floods engine 1's output address. Every engine that runs is polled and
 up, only engine 0 is down, ``/metrics`` keeps answering within a bound, the flood is counted and
 memory stays bounded. The figures of a longer flood and of polls at 1,024 engines are in ``make
-bench`` (docs/benchmarks.md) and ``python -m bench.scale`` (docs/scale.md)."""
+bench`` (docs/benchmarks/README.md) and ``python -m bench.scale`` (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from exporter.base.ports import free_listen_port
-from exporter.client.transport import sockets
-from exporter.client.transport.relay import RelayTransport
+from exporter.client.enginecore import sockets
+from exporter.client.relay.transport import RelayTransport
 from exporter.error import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +42,7 @@ def _limit(soft: int, hard: int) -> None:
 
 def test_soft_open_file_limit_is_raised_to_the_hard_limit() -> None:
     code = (
-        "import resource; from exporter.client.transport import sockets; "
+        "import resource; from exporter.client.enginecore import sockets; "
         "sockets.ensure_open_files(sockets.descriptors_needed(1024)); "
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )

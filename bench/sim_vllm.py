@@ -1,0 +1,210 @@
+"""A simulated vLLM ``AsyncLLM`` as in-process mode sees it, over real ZMQ to simulated engines.
+
+``SimEngineCore`` has what ``exporter.client.inprocess.vllm_core`` reads of vLLM's engine-core
+client (``core_engines``, ``utility_results``, ``resources.engine_dead``, ``client_index``,
+``_call_utility_async``, ``get_kv_event_sources``, vLLM 0.33's ``_engine_status``: every rank
+healthy when built with fault tolerance, ``{}`` otherwise; ``set_engine_status`` is a sentinel's
+push) with vLLM's semantics: no timeout, one
+future per call kept in ``utility_results`` until the engine answers (and popped without a
+default when it does, as vLLM's reply handler does), a failure message raised as a plain
+``Exception``, and after an engine's death ``engine_dead`` set and ``EngineDeadError`` for every
+call. Its wire is the
+exporter's own owner-mode client, so the engines are real processes' peers on real sockets
+(``SimEngine``). The tests and ``bench.plugin_loop`` use it (test support, kept out of the
+``exporter`` package and its wheel; the tests may import ``bench``); nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import zmq.asyncio
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.enginecore.client import EngineCoreClient
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineOutcome, Outcome
+from exporter.client.owner import OwnerConfig, owner_client
+from exporter.protocol.pushes import encode_ft_status_value
+
+#: vLLM's utility calls have no timeout; the simulation's wire waits this long at most.
+NO_TIMEOUT_S = 3600.0
+
+
+class EngineDeadError(Exception):
+    """vLLM's ``EngineDeadError`` (in-process mode recognises it by its class name)."""
+
+    def __init__(self) -> None:
+        super().__init__("EngineCore encountered an issue. See stack trace for the root cause.")
+
+
+@dataclass
+class Resources:
+    engine_dead: bool = False
+
+
+class SimEngineCore:
+    """vLLM's engine-core client, as far as in-process mode reads it (module docstring)."""
+
+    def __init__(
+        self,
+        wire: EngineCoreClient,
+        ranks: list[int],
+        client_index: int = 0,
+        *,
+        fault_tolerance: bool = False,
+    ) -> None:
+        self._wire = wire
+        self.core_engines: list[bytes] = [rank.to_bytes(2, "little") for rank in ranks]
+        self.utility_results: dict[int, asyncio.Future[Any]] = {}
+        self.resources = Resources()
+        self.client_index = client_index
+        self._ids = itertools.count(1)
+        self._calls: set[asyncio.Task[list[EngineOutcome]]] = set()
+        #: vLLM 0.33's locally-cached engine status (``AsyncMPClient.__init__``).
+        self._engine_status: dict[int, dict[str, Any]] = {}
+        if fault_tolerance:
+            self.enable_fault_tolerance()
+
+    def enable_fault_tolerance(self) -> None:
+        """Every managed rank healthy, as vLLM's client starts with fault tolerance on."""
+        ranks = [int.from_bytes(i, "little") for i in self.core_engines]
+        self._engine_status = {rank: encode_ft_status_value(rank, "healthy") for rank in ranks}
+
+    def set_engine_status(self, rank: int, status: str, fault_info: str | None = None) -> None:
+        """Rank ``rank``'s sentinel pushed ``status``: vLLM stores the payload as it came."""
+        self._engine_status[rank] = encode_ft_status_value(rank, status, fault_info)
+
+    async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
+        if self.resources.engine_dead:
+            raise EngineDeadError()
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.utility_results[call_id] = future
+        label = str(int.from_bytes(engine, "little"))
+        task = asyncio.ensure_future(
+            self._wire.call_utility(method, tuple(args), timeout_s=NO_TIMEOUT_S, engines=[label])
+        )
+        self._calls.add(task)
+        task.add_done_callback(lambda done: self._deliver(call_id, done))
+        return await future
+
+    def _deliver(self, call_id: int, task: asyncio.Task[list[EngineOutcome]]) -> None:
+        self._calls.discard(task)
+        future = self.utility_results.pop(call_id)  # vLLM's handler: no default
+        if task.cancelled() or future.done():
+            return  # the caller was cancelled: vLLM drops the late reply the same way
+        if task.exception() is not None:  # the wire refused the call (not allow-listed)
+            future.set_exception(Exception(str(task.exception())))
+            return
+        (outcome,) = task.result()
+        if outcome.outcome is Outcome.OK:
+            future.set_result(outcome.value)
+        elif outcome.outcome is Outcome.FAILED:
+            future.set_exception(Exception(outcome.error))
+        else:  # the engine is gone: vLLM's front end marks itself dead
+            self.resources.engine_dead = True
+            future.set_exception(EngineDeadError())
+
+    def get_kv_event_sources(self) -> dict[int, Any]:
+        """vLLM's ``MPClient.get_kv_event_sources``: each engine's registered publisher config
+        (an object with ``KVEventsConfig``'s attributes), keyed by DP rank, for the engines
+        whose registration carried one."""
+        sources: dict[int, Any] = {}
+        for detail in self._wire.engine_details():
+            kv = detail.kv_events
+            if kv is not None:
+                sources[int(detail.engine)] = SimpleNamespace(
+                    enable_kv_cache_events=True,
+                    publisher=kv.publisher,
+                    endpoint=kv.endpoint,
+                    replay_endpoint=kv.replay_endpoint,
+                    topic=kv.topic,
+                )
+        return sources
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        """Until every engine has handshaken (as vLLM's start-up waits), at most ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._wire.connected_count() < len(self.core_engines):
+            if loop.time() > deadline:
+                raise TimeoutError(f"the engines did not handshake within {timeout_s:g}s")
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for task in list(self._calls):
+            task.cancel()
+        await self._wire.close()
+
+
+class SimLoggerManager:
+    """vLLM's ``StatLoggerManager`` as far as ``AsyncLLM.sleep``/``wake_up`` use it: the sleep
+    state behind ``vllm:engine_sleep_state``."""
+
+    def __init__(self) -> None:
+        self.sleep_states: list[tuple[int, int]] = []
+
+    def record_sleep_state(self, sleep: int, level: int) -> None:
+        self.sleep_states.append((sleep, level))
+
+
+class SimRenderer:
+    """vLLM's renderer as far as ``AsyncLLM.sleep``/``pause_generation`` use it."""
+
+    def __init__(self) -> None:
+        self.mm_cache_clears = 0
+
+    async def clear_mm_cache_async(self) -> None:
+        self.mm_cache_clears += 1
+
+
+@dataclass
+class SimAsyncLLM:
+    """What in-process mode reads of vLLM's ``AsyncLLM``: ``engine_core``, ``vllm_config`` and
+    the front-end bookkeeping of sleep and pause (``logger_manager``, ``renderer``)."""
+
+    engine_core: SimEngineCore
+    vllm_config: Any = field(default_factory=SimpleNamespace)
+    logger_manager: SimLoggerManager = field(default_factory=SimLoggerManager)
+    renderer: SimRenderer = field(default_factory=SimRenderer)
+
+    async def shutdown(self) -> None:
+        await self.engine_core.close()
+
+
+async def start_sim_vllm(
+    handshake_address: str,
+    engine_count: int,
+    *,
+    enable_sleep_mode: bool = True,
+    api_server_index: int = 0,
+    api_server_count: int = 1,
+    context: zmq.asyncio.Context | None = None,
+    enable_fault_tolerance: bool = False,
+) -> SimAsyncLLM:
+    """A simulated ``AsyncLLM`` whose engines (``SimEngine``s dialing ``handshake_address``,
+    started by the caller) handshake with it as with vLLM's front end."""
+    faults = ProtocolErrorTally()
+    config = OwnerConfig(engine_count=engine_count, handshake_address=handshake_address)
+    methods = DEFAULT_ALLOWED_METHODS | {"get_supported_tasks", "collective_rpc"}
+    wire = owner_client(config, faults, context=context, allowed_methods=methods)
+    await wire.start()
+    core = SimEngineCore(
+        wire,
+        list(range(engine_count)),
+        client_index=api_server_index,
+        fault_tolerance=enable_fault_tolerance,
+    )
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(enable_sleep_mode=enable_sleep_mode),
+        parallel_config=SimpleNamespace(
+            _api_process_rank=api_server_index,
+            _api_process_count=api_server_count,
+            enable_fault_tolerance=enable_fault_tolerance,
+        ),
+    )
+    return SimAsyncLLM(core, vllm_config)

@@ -1,0 +1,378 @@
+"""HTTP attach mode: one vLLM API server per target, reached through its dev endpoints.
+
+Each target (``--http-target URL`` or ``NAME=URL``, repeatable, and ``--http-targets-file``)
+is one "engine" to the layers above: its label is its name, or its position ("0", "1", ...).
+A target's own answer is already vLLM's aggregate over the ranks that API server manages, so an
+API server whose engines disagree (HTTP 500 "Engines returned different is_sleeping results:
+[...]") becomes an ``INCONSISTENT`` outcome carrying those values
+(``docs/protocol.md`` F.4 / F.4.1).
+
+Each allow-listed utility method maps to one dev or RL route (F.4): the table is
+``exporter.client.http.routes``'s docstring; replies: ``replies``.
+A 404 on a route other than the two oldest dev routes is "unsupported" (``UNSUPPORTED_HINT``).
+
+A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``) is read beside each
+fan-out's ``is_sleeping`` (``exporter.client.http.fault``): the worst of its ranks, or each rank
+of a plugin-enabled target.
+
+One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
+under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
+500 without saying so: such connections are never put back into the pool, and a request that hits
+a reset on a pooled connection is retried once on a fresh one. The bearer token is sent to every
+target and kept out of logs, reprs and error texts.
+
+Every answer is read up to a fixed limit (``routes.MAX_ANSWER``; the weight checksums'
+``MAX_CHECKSUM_ANSWER``): a longer one is a failed call naming the limit, its connection dropped.
+A dev route's read ends with the fan-out's deadline; a plugin target's gate read, which may
+serve the next poll, is abandoned after two deadlines (a body dripping a byte at a time), the
+target's engines ``timeout`` for that poll and the next poll asks afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    Capabilities,
+    ClientCounters,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+    check_allowed,
+    timed_out,
+)
+from exporter.client.http.fault import FaultStatusReader
+from exporter.client.http.plugin import (
+    ACTION_HINT,
+    GATE_KEYS,
+    GateAnswer,
+    gate_engines,
+    gate_outcomes,
+    is_plugin_url,
+)
+from exporter.client.http.replies import interpret
+from exporter.client.http.routes import (
+    Reply,
+    Retryable,
+    Route,
+    answer_too_long,
+    connection_error,
+    exchange,
+    route,
+)
+from exporter.client.http.target import HttpTarget as HttpTarget  # callers import it from here
+from exporter.client.http.target import TargetState
+from exporter.client.pushes import PushBook
+from exporter.protocol.handshake import MAX_REGISTRATION_STRING
+from exporter.protocol.strings import bound_text
+
+log = logging.getLogger("exporter.http")
+
+#: At most this many requests in flight per client (across all targets).
+DEFAULT_MAX_CONCURRENCY = 64
+VERSION_TIMEOUT_S = 5.0
+#: A plugin target's gate answer serves the read methods of requests started this soon after.
+PLUGIN_SHARE_S = 0.1
+GATE_ROUTE = Route("GET", "/gate")
+
+
+@dataclass
+class HttpFleetClient:
+    """``FleetClient`` over vLLM API servers' dev endpoints (see the module docstring)."""
+
+    targets: list[HttpTarget]
+    token: str | None = field(default=None, repr=False)
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
+    #: Where malformed fault-tolerance answers are counted (the exporter's own tally).
+    faults: ProtocolErrorTally = field(default_factory=ProtocolErrorTally, repr=False)
+
+    def __post_init__(self) -> None:
+        self.pushes = PushBook(self.faults)
+        self._states = [TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self._side: aiohttp.ClientSession | None = None
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        self._background: set[asyncio.Task[None]] = set()
+        self._fault_reads = FaultStatusReader(
+            self.pushes, self.faults, self._side_session, self._background
+        )
+        self.retries = 0
+
+    # -- FleetClient -----------------------------------------------------------------------
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return [label for s in self._states for label in s.labels()]
+
+    def engine_details(self) -> list[EngineDetail]:
+        return [
+            EngineDetail(
+                engine=label,
+                connected=s.connected,
+                address=s.target.url,
+                vllm_version=s.vllm_version,
+                fault_status=self.pushes.fault_status.get(label),
+            )
+            for s in self._states
+            for label in s.labels()
+        ]
+
+    def connected_count(self) -> int:
+        return sum(len(s.labels()) for s in self._states if s.connected)
+
+    #: Every target is asked for its fault-tolerance status (one without the route has none).
+    capabilities = Capabilities(fault_status=True)
+
+    def supports(self, method: str) -> bool:
+        """Allow-listed and mapped to a route (whether a given server has the route shows in
+        its answer: ``UNSUPPORTED_HINT``). ``route`` maps every method the exporter may send."""
+        return method in self.allowed_methods and method in DEFAULT_ALLOWED_METHODS
+
+    def counters(self) -> ClientCounters:
+        return {}
+
+    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
+        return {}
+
+    async def start(self) -> None:
+        headers = {"Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+
+        # Deadlines are ours (one per fan-out), not aiohttp's. Retries go through a connector
+        # that never reuses a connection; the per-poll fault-tolerance read keeps its own pool
+        # (one connection per target kept open, the dev routes' pool untouched).
+        def session(force_close: bool) -> aiohttp.ClientSession:
+            connector = aiohttp.TCPConnector(force_close=force_close, limit=self.max_concurrency)
+            timeout = aiohttp.ClientTimeout(total=None)
+            return aiohttp.ClientSession(
+                headers=headers, timeout=timeout, connector=connector, raise_for_status=False
+            )
+
+        self._session, self._fresh, self._side = session(False), session(True), session(False)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for session in (self._session, self._fresh, self._side):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = self._side = None
+
+    async def call_utility(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
+    ) -> list[EngineOutcome]:
+        """Call ``method`` on every target at once (only those labelled in ``engines`` when
+        given); one outcome per called target, in target order."""
+        check_allowed(method, self.allowed_methods)
+        spec = route(method, args)
+        wanted = None if engines is None else set(engines)
+        states = [s for s in self._states if wanted is None or not wanted.isdisjoint(s.labels())]
+        tasks = {
+            s.target.label: asyncio.create_task(self._call_target(s, method, spec, timeout_s))
+            for s in states
+        }
+        if not tasks:
+            return []
+        try:
+            await asyncio.wait(tasks.values(), timeout=timeout_s)
+        finally:
+            for task in tasks.values():
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        results: list[EngineOutcome] = []
+        for s in states:
+            task = tasks[s.target.label]
+            if task.cancelled():
+                s.connected = False
+                results.extend(timed_out(label, timeout_s) for label in s.labels())
+                continue
+            exc = task.exception()
+            if exc is not None:  # a bug, not the target: keep it visible but do not crash polls
+                log.error("%s on target %s: %s", method, s.target.label, type(exc).__name__)
+                results.extend(
+                    EngineOutcome(label, Outcome.FAILED, error=type(exc).__name__)
+                    for label in s.labels()
+                )
+            else:
+                results.extend(task.result())
+        if wanted is not None:
+            results = [o for o in results if o.engine in wanted]
+        return results
+
+    async def _call_target(
+        self, state: TargetState, method: str, spec: Route, timeout_s: float
+    ) -> list[EngineOutcome]:
+        if method != "is_sleeping":
+            return await self._read_target(state, method, spec, timeout_s)
+        # Awaited within this deadline, so that this poll (or gate sample) reads the fresh
+        # status; a slower answer is recorded when it comes, for the next one.
+        deadline = time.monotonic() + timeout_s * 0.9
+        ft = self._fault_reads.refresh(state.fault_read, state.labels(), timeout_s)
+        outcomes = await self._read_target(state, method, spec, timeout_s)
+        if ft is not None:
+            await asyncio.wait((ft,), timeout=max(0.0, deadline - time.monotonic()))
+        return outcomes
+
+    async def _read_target(
+        self, state: TargetState, method: str, spec: Route, timeout_s: float
+    ) -> list[EngineOutcome]:
+        if not state.plugin:
+            return [await self._call_one(state, method, spec)]
+        if method not in GATE_KEYS:
+            hint = ACTION_HINT.format(url=state.target.url)
+            return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
+        answer = await self._gate_answer(state, timeout_s)
+        if answer is None:
+            return [timed_out(label, timeout_s) for label in state.labels()]
+        if answer.error is not None:  # unreachable, over the read limit, or too slow
+            kind, error = answer.kind, answer.error
+            return [EngineOutcome(label, kind, error=error) for label in state.labels()]
+        status, body, duration = answer.status, answer.body, answer.duration_s
+        ranks = gate_engines(status, body)
+        if ranks is not None:
+            for label in state.follow(answer, ranks):  # ranks the server stopped naming
+                self.pushes.drop(label)
+        if not state.ranks:  # nothing named yet: the target stands for its engines
+            (outcome,) = gate_outcomes(state.target.label, ["?"], method, status, body, duration)
+            return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]
+        return gate_outcomes(state.target.label, state.ranks, method, status, body, duration)
+
+    async def _gate_answer(self, state: TargetState, timeout_s: float) -> GateAnswer | None:
+        """A gate answer for this poll: one ``GET <url>/gate`` shared by the poll's read
+        methods (started within ``PLUGIN_SHARE_S``, or still running, it is reused). The
+        server's own fan-out waits up to its own call timeout for a hung engine, which may be
+        this deadline: an answer that arrives later is the next poll's, if no older than two
+        deadlines. None: no answer to use (every engine of the target timed out)."""
+        task = state.sample
+        fresh = time.monotonic() - state.sampled_at < PLUGIN_SHARE_S
+        if task is None or not (fresh or not task.done()):
+            state.sampled_at = time.monotonic()
+            task = state.sample = asyncio.ensure_future(self._fetch_gate(state, timeout_s))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout_s * 0.9)
+        except asyncio.TimeoutError:
+            recent = time.monotonic() - state.answered_at < 2 * timeout_s
+            return state.answered if recent else None
+
+    async def _fetch_gate(self, state: TargetState, timeout_s: float) -> GateAnswer:
+        """One ``GET <url>/gate``, given up after two deadlines (it may serve the next poll,
+        not the one after: a body dripping a byte at a time is not waited for forever), its
+        answer read up to ``MAX_ANSWER``."""
+
+        async def fetch() -> Reply:
+            async with self._semaphore:
+                return await self._request(self._pooled(), state, GATE_ROUTE)
+
+        started = time.perf_counter()
+        try:
+            reply = await asyncio.wait_for(fetch(), 2 * timeout_s)
+        except asyncio.TimeoutError:
+            state.connected = False
+            error = f"no whole answer from /dp/gate within {2 * timeout_s:g}s: abandoned"
+            return GateAnswer.failed(Outcome.TIMEOUT, error, time.perf_counter() - started)
+        except (Retryable, aiohttp.ClientError, OSError) as exc:
+            state.connected = False
+            state.fault_read.reconnected()
+            error = connection_error(state.target.url, exc)
+            return GateAnswer.failed(Outcome.DISCONNECTED, error, time.perf_counter() - started)
+        duration = time.perf_counter() - started
+        state.connected = reply.status in (200, 412)
+        if reply.cut:
+            error = answer_too_long("/dp/gate", GATE_ROUTE.limit)
+            return GateAnswer.failed(Outcome.FAILED, error, duration)
+        state.answered = GateAnswer(reply.status, reply.body, duration)
+        state.answered_at = time.monotonic()
+        return state.answered
+
+    # -- one target --------------------------------------------------------------------------
+
+    async def _call_one(self, state: TargetState, method: str, spec: Route) -> EngineOutcome:
+        label = state.target.label
+        async with self._semaphore:
+            started = time.perf_counter()
+            try:
+                try:
+                    reply = await self._request(self._pooled(), state, spec)
+                except Retryable:
+                    self.retries += 1
+                    log.debug("target %s: pooled connection was reset, retrying once", label)
+                    reply = await self._request(self._fresh_session(), state, spec)
+            except (Retryable, aiohttp.ClientError, OSError) as exc:
+                state.connected = False
+                state.fault_read.reconnected()
+                return EngineOutcome(
+                    label, Outcome.DISCONNECTED, error=connection_error(state.target.url, exc)
+                )
+            duration = time.perf_counter() - started
+            state.connected = True
+            if state.vllm_version is None and not state.version_pending:
+                state.version_pending = True
+                task = asyncio.create_task(self._fetch_version(state))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            if reply.cut:  # over the read limit: refused, its connection already dropped
+                error = answer_too_long(spec.path, spec.limit)
+                return EngineOutcome(label, Outcome.FAILED, error=error, duration_s=duration)
+            return interpret(label, method, reply.status, reply.body, duration)
+
+    async def _fetch_version(self, state: TargetState) -> None:
+        """``GET /version`` once, off the poll path; a failure is retried on a later poll."""
+        try:
+            reply = await asyncio.wait_for(
+                # A one-off request: on a fresh connection, leaving the pool to the polls.
+                self._request(self._fresh_session(), state, Route("GET", "/version")),
+                VERSION_TIMEOUT_S,
+            )
+            data = json.loads(reply.body) if reply.status == 200 else None
+            if isinstance(data, dict) and isinstance(data.get("version"), str):
+                # The registration's rule for the same string (a label of every scrape).
+                state.vllm_version = bound_text(data["version"][:MAX_REGISTRATION_STRING])
+        except (Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
+            log.debug("target %s: no vLLM version", state.target.label)
+        finally:
+            state.version_pending = False
+
+    def _pooled(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._session
+
+    def _side_session(self) -> aiohttp.ClientSession:
+        if self._side is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._side
+
+    def _fresh_session(self) -> aiohttp.ClientSession:
+        if self._fresh is None:
+            raise RuntimeError("HttpFleetClient.start() was not called")
+        return self._fresh
+
+    async def _request(
+        self,
+        session: aiohttp.ClientSession,
+        state: TargetState,
+        spec: Route,
+        limit: int | None = None,
+    ) -> Reply:
+        state.requests += 1
+        return await exchange(session, state.target.url, spec, limit)

@@ -1,0 +1,216 @@
+"""The dev or RL route of vLLM's API server that stands for one utility call (``route``, pure;
+HTTP mode, ``docs/protocol.md`` F.4), and one exchange of a route with an API server
+(``exchange``: vLLM's connection habits, an answer read up to a fixed limit).
+
+Every answer is read up to :data:`MAX_ANSWER` (:data:`MAX_CHECKSUM_ANSWER` for the weight
+checksums): a target that sends more (a body that never ends) costs the exporter that much at
+most, its answer is refused (``Reply.cut``: the caller makes it a failed call naming the limit,
+``answer_too_long``) and its connection dropped, never reused.
+
+Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``replies``):
+
+* ``is_sleeping`` → ``GET /is_sleeping``.
+* ``is_scheduler_paused`` → ``GET /is_paused`` (``AsyncLLM.is_paused`` is
+  ``is_scheduler_paused`` by consensus).
+* ``get_weight_version`` → ``GET /weight_info``.
+* ``reset_prefix_cache`` with ``()``, ``(rr,)`` or ``(rr, rc)`` → ``POST /reset_prefix_cache?
+  reset_running_requests=..&reset_external=..`` (query string only; vLLM ignores a body).
+* ``reset_mm_cache``, ``reset_encoder_cache`` → ``POST /reset_mm_cache``, ``/reset_encoder_cache``.
+* ``sleep(level=1[, mode])`` → ``POST /sleep?level=..[&mode=..]``.
+* ``wake_up([tags])`` → ``POST /wake_up[?tags=..&tags=..]``.
+* ``pause_scheduler([mode[, clear_cache]])`` → ``POST /pause?mode=..[&clear_cache=..]``.
+* ``resume_scheduler()`` → ``POST /resume``.
+* ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
+* ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from exporter.error import MethodNotAllowed
+
+Query = list[tuple[str, str]]
+
+#: The most of one answer read from a target. A dev or RL route answers under 1 KiB; a plugin's
+#: ``/dp/gate`` for 1,024 engines, every string at its 256-byte cut, about 1.5 MiB: 4 MiB keeps
+#: every real answer whole and a hostile one at a few MiB per target and poll.
+MAX_ANSWER = 4 << 20
+#: ``POST /weight_checker`` (``compute_weight_checksums``): one key and digest per tensor of every
+#: worker behind the server (about 150 bytes each), several MiB for a large model; 32 MiB holds
+#: some 200,000 tensors. Only an admin action (authenticated, rate-limited) reads this much.
+MAX_CHECKSUM_ANSWER = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One HTTP request standing for one utility call, and the most of its answer read."""
+
+    verb: str
+    path: str
+    query: Query | None = None
+    body: dict[str, Any] | None = None  # sent as JSON
+    #: Not part of the request (two routes that send the same are equal).
+    limit: int = field(default=MAX_ANSWER, compare=False)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _no_args(method: str, args: tuple[Any, ...]) -> None:
+    if args:
+        raise MethodNotAllowed(f"{method} takes no arguments")
+
+
+def route(method: str, args: tuple[Any, ...] = ()) -> Route:
+    """Pure: the request for one utility call (``MethodNotAllowed`` for a method without a
+    route or arguments the route cannot carry)."""
+    if method == "is_sleeping":
+        _no_args(method, args)
+        return Route("GET", "/is_sleeping")
+    if method == "is_scheduler_paused":
+        _no_args(method, args)
+        return Route("GET", "/is_paused")
+    if method == "get_weight_version":
+        _no_args(method, args)
+        return Route("GET", "/weight_info")
+    if method == "reset_prefix_cache":
+        if len(args) > 2 or not all(isinstance(a, bool) for a in args):
+            raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")
+        running = args[0] if args else False
+        external = args[1] if len(args) > 1 else False
+        query = [("reset_running_requests", _bool(running)), ("reset_external", _bool(external))]
+        return Route("POST", "/reset_prefix_cache", query)
+    if method in ("reset_mm_cache", "reset_encoder_cache", "resume_scheduler"):
+        _no_args(method, args)
+        path = "/resume" if method == "resume_scheduler" else f"/{method}"
+        return Route("POST", path)
+    if method == "sleep":
+        if len(args) > 2:
+            raise MethodNotAllowed("sleep takes (level[, mode])")
+        level = args[0] if args else 1
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise MethodNotAllowed("sleep's level must be an integer")
+        query = [("level", str(level))]
+        if len(args) > 1:
+            query.append(("mode", _mode(args[1])))
+        return Route("POST", "/sleep", query)
+    if method == "wake_up":
+        if len(args) > 1:
+            raise MethodNotAllowed("wake_up takes ([tags])")
+        tags = args[0] if args else None
+        if tags is None:
+            return Route("POST", "/wake_up")
+        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+            raise MethodNotAllowed("wake_up's tags must be a list of strings")
+        return Route("POST", "/wake_up", [("tags", t) for t in tags])
+    if method == "pause_scheduler":
+        if len(args) > 2:
+            raise MethodNotAllowed("pause_scheduler takes ([mode[, clear_cache]])")
+        query = [("mode", _mode(args[0] if args else "abort"))]
+        if len(args) > 1:
+            if not isinstance(args[1], bool):
+                raise MethodNotAllowed("pause_scheduler's clear_cache must be a boolean")
+            query.append(("clear_cache", _bool(args[1])))
+        return Route("POST", "/pause", query)
+    if method == "set_weight_version":
+        if len(args) != 1 or not isinstance(args[0], str):
+            raise MethodNotAllowed("set_weight_version takes one string")
+        return Route("POST", "/update_weight_version", body={"new_version": args[0]})
+    if method == "compute_weight_checksums":
+        _no_args(method, args)
+        return Route(
+            "POST", "/weight_checker", body={"action": "checksum"}, limit=MAX_CHECKSUM_ANSWER
+        )
+    raise MethodNotAllowed(f"utility method {method!r} has no HTTP route")
+
+
+def _mode(mode: Any) -> str:
+    if not isinstance(mode, str):
+        raise MethodNotAllowed("the pause mode must be a string")
+    return mode
+
+
+# -- one exchange ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+    #: The answer was longer than the limit: ``body`` is its first bytes (just past the limit),
+    #: the rest was never read and the connection was dropped.
+    cut: bool = False
+
+
+class Retryable(Exception):
+    """A pooled connection was reset before any response: worth one retry on a fresh one."""
+
+
+async def exchange(
+    session: aiohttp.ClientSession, base_url: str, spec: Route, limit: int | None = None
+) -> Reply:
+    """One request and its answer, read up to ``limit`` (default: the route's): a longer body
+    is cut just past it (``Reply.cut``, its connection dropped), never buffered whole. A read
+    cancelled (the caller's deadline) or failed midway drops its connection too: a half-read
+    answer must not reach the next request on a pooled connection."""
+    limit = spec.limit if limit is None else limit
+    try:
+        async with session.request(
+            spec.verb,
+            base_url + spec.path,
+            params=spec.query,
+            json=spec.body,
+            allow_redirects=False,
+        ) as resp:
+            # Kept: an answer just over the limit may have arrived whole, its connection back
+            # in the pool, before the read reaches the limit; it is dropped all the same.
+            transport = resp.connection.transport if resp.connection is not None else None
+            try:
+                body = await _read_at_most(resp, limit)
+            except BaseException:
+                resp.close()
+                raise
+            if len(body) > limit and transport is not None:
+                transport.close()
+            if resp.status >= 500:
+                # vLLM closes the connection after a 500 without a `connection: close`
+                # header: do not hand it back to the pool.
+                resp.close()
+            return Reply(resp.status, body, cut=len(body) > limit)
+    except aiohttp.ClientConnectorError:
+        raise  # could not connect at all: nothing to retry
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise Retryable(type(exc).__name__) from exc
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            resp.close()
+            break
+    return bytes(body)
+
+
+def answer_too_long(path: str, limit: int) -> str:
+    """The error of a call whose answer was longer than ``limit`` (``Reply.cut``)."""
+    return f"answer from {path} longer than {limit >> 20} MiB (the limit of one answer): refused"
+
+
+def connection_error(url: str, exc: BaseException) -> str:
+    """A connection failure without request headers (the token) in it."""
+    cause = exc.__cause__ if isinstance(exc, Retryable) and exc.__cause__ else exc
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        detail = cause.strerror or type(cause.os_error).__name__
+        return f"cannot connect to {url}: {detail}"
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return f"{url} closed the connection without a response"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"connection to {url} failed: {cause.strerror}"
+    return f"connection to {url} failed: {type(cause).__name__}"

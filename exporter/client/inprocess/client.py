@@ -1,0 +1,262 @@
+"""In-process mode: the ``FleetClient`` over vLLM's own engine-core client.
+
+Inside ``vllm serve`` (the endpoint plugin) or a trainer's process (``AsyncLLM``), vLLM's
+engine-core client is already connected to every DP engine. This client sends each utility call
+to each engine through it (``exporter.client.inprocess.vllm_core``), so the layers above get
+one outcome per engine exactly as in owner, relay and HTTP mode: the same allow-list, one shared
+deadline per fan-out, the same outcomes and the same bound on engine strings. It opens no
+socket of its own.
+
+vLLM's client has no timeout and keeps a future per call until the engine answers. A call that
+times out here is therefore left running (its future is vLLM's, not ours to remove: vLLM's
+reply handler pops it, and a missing entry would kill vLLM's output loop), and at most
+``max_in_flight`` of this client's calls per engine may wait in vLLM's table at once: beyond
+that, a call to that engine times out at once without being sent, so a hung engine cannot grow
+vLLM's table without bound.
+
+Each engine's fault-tolerance status is the front end's own copy of its sentinel's pushes
+(vLLM 0.33's ``_engine_status``), read on every ``engine_details()``.
+
+When an engine dies, vLLM's front end fails as a whole (``EngineDeadError`` on every call, and
+the API server exits); until then this client answers ``disconnected`` for every engine and
+never raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from exporter.base.faults import ProtocolErrorTally
+from exporter.client.fleet import (
+    DEFAULT_ALLOWED_METHODS,
+    SHUTTING_DOWN,
+    Capabilities,
+    ClientCounters,
+    EngineDetail,
+    EngineOutcome,
+    Outcome,
+    check_allowed,
+    timed_out,
+)
+from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
+from exporter.client.pushes import BAD_FT_STATUS, PushBook
+from exporter.protocol.strings import bound_text, bound_value
+
+log = logging.getLogger("exporter.inprocess")
+
+#: This client's calls per engine that may wait in vLLM's client for a reply at once (a poll
+#: asks three methods at once; the gate and an admin action may add one each).
+MAX_IN_FLIGHT = 8
+#: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
+FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
+#: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
+FRONT_END_TIMEOUT_S = 5.0
+ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
+
+
+class InProcessFleetClient:
+    """``FleetClient`` over vLLM's engine-core client (see the module docstring)."""
+
+    def __init__(
+        self,
+        core: VllmCore,
+        *,
+        allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        faults: ProtocolErrorTally | None = None,
+    ) -> None:
+        self.core = core
+        #: The front end's fault-tolerance statuses, as recorded (``since_unix`` kept).
+        self.pushes = PushBook(faults if faults is not None else ProtocolErrorTally())
+        self._allowed = allowed_methods
+        self._max_in_flight = max_in_flight
+        #: engine label → this client's calls waiting in vLLM's client for a reply.
+        self._in_flight: dict[str, int] = {}
+        self._outstanding: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # -- FleetClient -----------------------------------------------------------------------
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return [label for label, _ in self.core.engines()]
+
+    def engine_details(self) -> list[EngineDetail]:
+        connected = not self.core.dead()
+        where = f"in-process (vLLM client {self.core.client_index})"
+        kv_events = self.core.kv_event_sources()
+        self._read_fault_statuses()
+        faults = self.pushes.fault_status
+        return [
+            EngineDetail(
+                engine=label,
+                connected=connected,
+                address=where,
+                vllm_version=self.core.vllm_version,
+                enable_sleep_mode=self.core.enable_sleep_mode,
+                handshakes=1,
+                kv_events=kv_events.get(label),
+                fault_status=faults.get(label),
+            )
+            for label, _ in self.core.engines()
+        ]
+
+    def connected_count(self) -> int:
+        return 0 if self.core.dead() else len(self.core.engines())
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Fault-tolerance status where this vLLM's front end keeps a table of it."""
+        return Capabilities(fault_status=self.core.keeps_fault_status())
+
+    def supports(self, method: str) -> bool:
+        return method in self._allowed
+
+    def counters(self) -> ClientCounters:
+        return {}
+
+    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
+        return {}
+
+    def _read_fault_statuses(self) -> None:
+        """The front end's copy of the sentinels' pushes, read afresh for the ranks this
+        client manages (dict lookups): a rank without an entry is forgotten, an unreadable
+        entry is ``unknown`` and counted."""
+        ranks = [int(label) for label in self.engine_labels]
+        statuses = self.core.fault_statuses(ranks)
+        if statuses is None:
+            return
+        for rank in ranks:
+            found = statuses.get(rank)
+            if found is None:
+                self.pushes.forget(str(rank))
+            else:
+                self.pushes.record(str(rank), found, BAD_FT_STATUS)
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        """Cancel the calls still waiting (vLLM drops a late reply to a cancelled future)."""
+        self._closed = True
+        for task in list(self._outstanding):
+            task.cancel()
+        self._outstanding.clear()
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """This client's calls per engine waiting in vLLM's client for a reply (a copy)."""
+        return {k: v for k, v in self._in_flight.items() if v}
+
+    async def call_utility(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        *,
+        timeout_s: float,
+        engines: Collection[str] | None = None,
+    ) -> list[EngineOutcome]:
+        check_allowed(method, self._allowed)
+        targets = self.core.engines()
+        if engines is not None:
+            wanted = set(engines)
+            targets = [t for t in targets if t[0] in wanted]
+        if self.core.dead() or self._closed:
+            error = ENGINE_CORE_DEAD if not self._closed else "the exporter is stopping"
+            return [EngineOutcome(label, Outcome.DISCONNECTED, error=error) for label, _ in targets]
+        started = time.perf_counter()
+        results: dict[str, EngineOutcome] = {}
+        calls: dict[asyncio.Task[Any], str] = {}
+        #: When each call resolved: an engine's duration is its own round trip, not the
+        #: fan-out's (which a hung engine stretches to the timeout).
+        finished: dict[asyncio.Task[Any], float] = {}
+
+        def finish(task: asyncio.Task[Any]) -> None:
+            finished[task] = time.perf_counter()
+
+        for label, identity in targets:
+            waiting = self._in_flight.get(label, 0)
+            if waiting >= self._max_in_flight:
+                results[label] = EngineOutcome(
+                    label,
+                    Outcome.TIMEOUT,
+                    error=f"not sent: {waiting} earlier calls to this engine are unanswered",
+                    duration_s=0.0,
+                )
+                continue
+            task = self._send(label, identity, method, args)
+            task.add_done_callback(finish)
+            calls[task] = label
+        if calls:
+            done, _ = await asyncio.wait(calls, timeout=timeout_s)
+            now = time.perf_counter()
+            for task, label in calls.items():
+                if task in done:
+                    results[label] = self._outcome(label, task, finished.get(task, now) - started)
+                else:  # left running: vLLM's future is removed only by the reply
+                    results[label] = timed_out(label, timeout_s)
+        outcomes = [results[label] for label, _ in targets]
+        if method in FRONT_END_METHODS and engines is None and all(o.ok for o in outcomes):
+            await self._keep_front_end(method, args, outcomes)
+        return outcomes
+
+    async def _keep_front_end(
+        self, method: str, args: tuple[Any, ...], outcomes: list[EngineOutcome]
+    ) -> None:
+        """vLLM's own bookkeeping of the same action (never raises: the action is done)."""
+        try:
+            await asyncio.wait_for(
+                self.core.after_fleet_call(method, args, [o.value for o in outcomes]),
+                FRONT_END_TIMEOUT_S,
+            )
+        except (Exception, asyncio.TimeoutError) as exc:  # the engines' state is right anyway
+            log.warning("vLLM's front-end bookkeeping after %s failed: %s", method, exc)
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _outcome(self, label: str, task: asyncio.Task[Any], elapsed: float) -> EngineOutcome:
+        if task.cancelled():
+            return EngineOutcome(label, Outcome.DISCONNECTED, error="call cancelled")
+        exc = task.exception()
+        if exc is None:
+            return EngineOutcome(label, Outcome.OK, bound_value(task.result()), duration_s=elapsed)
+        if is_engine_dead_error(exc):
+            return EngineOutcome(label, Outcome.DISCONNECTED, error=ENGINE_CORE_DEAD)
+        if type(exc) is Exception:  # vLLM's wrapper of the engine's failure message
+            message = str(exc)
+            return EngineOutcome(
+                label,
+                Outcome.FAILED,
+                error=bound_text(message),
+                shutting_down=message == SHUTTING_DOWN,
+                duration_s=elapsed,
+            )
+        # A send that failed (a closed socket, vLLM shutting down): no engine answered.
+        return EngineOutcome(
+            label,
+            Outcome.DISCONNECTED,
+            error=bound_text(f"{type(exc).__name__}: {exc}"),
+        )
+
+    def _send(
+        self, label: str, identity: bytes, method: str, args: tuple[Any, ...]
+    ) -> asyncio.Task[Any]:
+        """One call, counted in flight until vLLM's client resolves it (reply or death)."""
+        self._in_flight[label] = self._in_flight.get(label, 0) + 1
+        task = asyncio.ensure_future(self.core.call(method, args, identity))
+        # Tracked from the start, so close() also cancels the calls of a fan-out still
+        # waiting, or of one whose caller was cancelled (the poller's task at stop).
+        self._outstanding.add(task)
+
+        def resolved(done: asyncio.Task[Any]) -> None:
+            self._outstanding.discard(done)
+            self._in_flight[label] = max(0, self._in_flight.get(label, 1) - 1)
+            if not done.cancelled():
+                done.exception()  # retrieved: a late failure is not an unhandled error
+
+        task.add_done_callback(resolved)
+        return task

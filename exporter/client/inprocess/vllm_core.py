@@ -1,0 +1,206 @@
+"""The one adapter to vLLM's own engine-core client (in-process mode's only private names).
+
+vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``,
+``DPAsyncMPClient``, ``DPLBAsyncMPClient``) that is already connected to every DP engine. vLLM
+0.32 and 0.33 both offer, on that object:
+
+* ``core_engines``: the engines' ZMQ identities, 2 bytes little-endian of the DP rank (read
+  afresh on every call: elastic EP changes the list);
+* ``_call_utility_async(method, *args, engine=identity)``: one utility call to one engine, no
+  timeout of its own; its future sits in ``utility_results`` until the reply comes;
+* ``resources.engine_dead``: set once the engine-core client saw an engine die;
+* ``get_kv_event_sources()``: each ready engine's KV-events publisher config, keyed by DP rank,
+  as its registration carried it (optional here: ``{}`` without it);
+* ``_engine_status`` (vLLM 0.33, optional): the front end's copy of the fault-tolerance
+  sentinels' pushes, DP rank → ``{"id", "status", "fault_info"?}`` (``{}`` with fault tolerance
+  off); what ``GET /fault_tolerance/status`` answers.
+
+Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
+caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
+line, which of these names a vLLM release lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.error import ConfigError, ProtocolError
+from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
+from exporter.protocol.pushes import (
+    FT_UNKNOWN,
+    UNREADABLE,
+    RankStatus,
+    entry_rank,
+    read_rank_status,
+)
+
+log = logging.getLogger("exporter.inprocess")
+
+#: What in-process mode needs of vLLM's engine-core client (vLLM 0.32 and 0.33 have all of it).
+REQUIRED_NAMES = ("core_engines", "_call_utility_async", "utility_results", "resources")
+#: The class name of vLLM's ``vllm.v1.engine.exceptions.EngineDeadError`` (not imported).
+ENGINE_DEAD_ERROR = "EngineDeadError"
+#: What in-process mode reads of each of vLLM's ``KVEventsConfig`` objects.
+KV_EVENTS_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "topic")
+#: DP ranks read from ``get_kv_event_sources`` at most (vLLM's ranks fit in two bytes).
+MAX_KV_EVENT_SOURCES = 0x10000
+ENGINE_STATUS = "_engine_status"
+
+
+def engine_core_of(engine_client: Any) -> Any:
+    """The engine-core client of an ``EngineClient`` (the API server's ``AsyncLLM``, or a
+    trainer's), with the names in-process mode needs checked."""
+    core = getattr(engine_client, "engine_core", None)
+    if core is None:
+        raise ConfigError(
+            f"in-process mode: {type(engine_client).__name__} has no engine_core (expected "
+            "vLLM's AsyncLLM, vLLM 0.32 or later)"
+        )
+    check_core(core)
+    return core
+
+
+def check_core(core: Any) -> None:
+    """``ConfigError`` naming what is missing when ``core`` is not an engine-core client this
+    mode can use (an in-process ``InprocClient``, a vLLM release that renamed the names)."""
+    missing = [name for name in REQUIRED_NAMES if not hasattr(core, name)]
+    if missing:
+        raise ConfigError(
+            f"in-process mode: vLLM's engine-core client {type(core).__name__} lacks "
+            f"{', '.join(missing)} (supported: vLLM 0.32 and 0.33 with multiprocess engines; "
+            "use owner, relay or HTTP mode with this vLLM)"
+        )
+    if not hasattr(core.resources, "engine_dead"):
+        raise ConfigError(
+            f"in-process mode: vLLM's engine-core client {type(core).__name__} lacks "
+            "resources.engine_dead (supported: vLLM 0.32 and 0.33)"
+        )
+
+
+def rank_of(identity: bytes) -> int:
+    """A DP engine's rank from its ZMQ identity (2 bytes, little-endian)."""
+    return int.from_bytes(identity, "little")
+
+
+def is_engine_dead_error(exc: BaseException) -> bool:
+    return any(cls.__name__ == ENGINE_DEAD_ERROR for cls in type(exc).__mro__)
+
+
+@dataclass
+class VllmCore:
+    """vLLM's engine-core client as the in-process fleet uses it."""
+
+    core: Any = field(repr=False)
+    vllm_version: str | None = None
+    enable_sleep_mode: bool | None = None
+    #: The ``AsyncLLM`` that owns ``core``: what it records beside an engine call is kept in
+    #: step (``after_fleet_call``). None: nothing to keep (a bare engine-core client).
+    front_end: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_core(self.core)
+
+    def engines(self) -> list[tuple[str, bytes]]:
+        """(label, identity) of every engine this client manages, in rank order."""
+        identities: Sequence[bytes] = list(self.core.core_engines)
+        return sorted(((str(rank_of(i)), bytes(i)) for i in identities), key=_rank_key)
+
+    def dead(self) -> bool:
+        return bool(self.core.resources.engine_dead)
+
+    @property
+    def client_index(self) -> int:
+        return int(getattr(self.core, "client_index", 0))
+
+    def kv_event_sources(self) -> dict[str, KvEventsSource]:
+        """Engine label → its KV-events publisher, from vLLM's own record of the engines'
+        registrations (``get_kv_event_sources``, vLLM 0.32 and 0.33). vLLM does not keep the
+        address each engine connected from, so a wildcard host stays unresolved (the source's
+        ``note`` says so); ``tcp://*:0`` is reported by vLLM with the node's IP."""
+        getter = getattr(self.core, "get_kv_event_sources", None)
+        if getter is None:
+            return {}
+        try:
+            items = list(getter().items())[:MAX_KV_EVENT_SOURCES]
+        except Exception:  # another vLLM's shape: nothing to report, never an error in vLLM
+            log.debug("get_kv_event_sources() failed", exc_info=True)
+            return {}
+        found = {}
+        for rank, config in items:
+            if type(rank) is not int:
+                continue
+            fields = (
+                config
+                if isinstance(config, Mapping) or config is None
+                else {name: getattr(config, name, None) for name in KV_EVENTS_FIELDS}
+            )
+            try:
+                source = parse_kv_events_config(fields)
+            except ProtocolError as exc:
+                log.debug("engine %d kv_events_config: %s", rank, exc)
+                continue
+            if source is not None:
+                found[str(rank)] = source
+        return found
+
+    def keeps_fault_status(self) -> bool:
+        """Whether this vLLM's front end keeps its engines' fault-tolerance status."""
+        return isinstance(getattr(self.core, ENGINE_STATUS, None), dict)
+
+    def fault_statuses(self, ranks: Sequence[int]) -> dict[int, RankStatus] | None:
+        """Rank → its status in ``_engine_status``, for ``ranks`` only (the ranks this client
+        manages: any engine can add entries to the table, keyed by the index its push carries,
+        so it is never copied or walked whole on vLLM's loop). Each entry read by the one rule
+        (``read_rank_status``: unreadable is ``unknown`` with its ``problem``; an entry naming
+        another rank than its key is unreadable too). A managed rank without an entry has no
+        status. None: this front end keeps no table."""
+        table = getattr(self.core, ENGINE_STATUS, None)
+        if not isinstance(table, dict):
+            return None
+        found = {}
+        for rank in ranks:
+            try:
+                entry = table.get(rank)
+            except Exception:  # a table of another kind: nothing readable, never an error in vLLM
+                return None
+            if entry is None:
+                continue
+            named = entry_rank(entry)
+            if named is not None and named != rank:
+                found[rank] = RankStatus(
+                    rank, FT_UNKNOWN, f"{UNREADABLE}names engine {named}", f"names engine {named}"
+                )
+            else:
+                found[rank] = read_rank_status(entry, rank)
+        return found
+
+    async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
+        return await self.core._call_utility_async(method, *args, engine=identity)
+
+    async def after_fleet_call(self, method: str, args: tuple[Any, ...], values: list[Any]) -> None:
+        """What ``AsyncLLM`` does beside the same call to every engine, done once every engine
+        confirmed it (vLLM 0.32, 0.33: ``AsyncLLM.sleep``, ``wake_up``, ``pause_generation``):
+        the front end's multimodal cache cleared, and the sleep state its own
+        ``vllm:engine_sleep_state`` reports recorded, so vLLM's series do not go stale."""
+        llm = self.front_end
+        if llm is None:
+            return
+        logger_manager: Any = getattr(llm, "logger_manager", None)
+        renderer: Any = getattr(llm, "renderer", None)
+        clears_cache = (method == "sleep" and (args[0] if args else 1) >= 1) or (
+            method == "pause_scheduler" and (args[1] if len(args) > 1 else True)
+        )
+        if clears_cache and hasattr(renderer, "clear_mm_cache_async"):
+            await renderer.clear_mm_cache_async()
+        if hasattr(logger_manager, "record_sleep_state"):
+            if method == "sleep":
+                logger_manager.record_sleep_state(1, args[0] if args else 1)
+            elif method == "wake_up" and all(v is True for v in values):
+                logger_manager.record_sleep_state(0, 0)
+
+
+def _rank_key(entry: tuple[str, bytes]) -> int:
+    return int(entry[0])

@@ -1,0 +1,77 @@
+"""``FleetRead``: the one way the poller and the gate ask every engine the read methods.
+
+Both ask a set of read invariants of every engine concurrently, under one shared deadline, and
+both must skip what an engine already said it does not have (an older vLLM: asked again only
+after it handshakes again). Keeping that memory here, once, means the gate never asks an engine
+a question the poller learnt it cannot answer, and the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Mapping
+
+from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
+from exporter.fleetstate.invariants import INVARIANTS, is_unsupported, require_type
+
+log = logging.getLogger("exporter.poller")
+#: The failure text of an engine not asked because it said it has no such method.
+KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
+
+
+class FleetRead:
+    """Reads of the fleet through ``client``, with the memory of unsupported methods."""
+
+    def __init__(self, client: FleetClient) -> None:
+        self._client = client
+        #: method → {engine: its handshake count when it said it has no such method}.
+        self._unsupported: dict[str, dict[str, int]] = {}
+
+    def unsupported_by(self, engine: str) -> frozenset[str]:
+        """The read methods ``engine`` said it does not have."""
+        return frozenset(m for m, per_engine in self._unsupported.items() if engine in per_engine)
+
+    def unsupported_everywhere(self, method: str, engines: Collection[str]) -> bool:
+        return bool(engines) and set(self._unsupported.get(method, ())) >= set(engines)
+
+    async def read(
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        details: Mapping[str, EngineDetail],
+    ) -> dict[str, list[EngineOutcome]]:
+        """method → one type-checked outcome per engine of ``details``, for every method of
+        ``methods`` the attach mode supports, all calls sharing one deadline. An engine known
+        not to have a method is not asked; its outcome says so (``is_unsupported``)."""
+        self._forget_restarted(details)
+        client = self._client
+        asked = [inv for inv in INVARIANTS if inv.method in methods and client.supports(inv.method)]
+        calls, skipped = [], []
+        for inv in asked:
+            skip = self._unsupported.get(inv.method, {})
+            skipped.append([e for e in details if e in skip])
+            engines = [e for e in details if e not in skip] if skip else None
+            calls.append(client.call_utility(inv.method, timeout_s=timeout_s, engines=engines))
+        results: dict[str, list[EngineOutcome]] = {}
+        for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
+            self._remember(inv.method, outcomes, details)
+            said = [EngineOutcome(e, Outcome.FAILED, error=KNOWN_UNSUPPORTED) for e in known]
+            results[inv.method] = require_type(inv, [*outcomes, *said])
+        return results
+
+    def _remember(
+        self, method: str, outcomes: list[EngineOutcome], details: Mapping[str, EngineDetail]
+    ) -> None:
+        for o in outcomes:
+            if is_unsupported(o) and o.engine in details:
+                self._unsupported.setdefault(method, {})[o.engine] = details[o.engine].handshakes
+                log.info("engine %s does not support %s: not asked again", o.engine, method)
+
+    def _forget_restarted(self, details: Mapping[str, EngineDetail]) -> None:
+        """An engine that handshook again may run another vLLM: ask it everything again."""
+        for per_engine in self._unsupported.values():
+            for engine, handshakes in list(per_engine.items()):
+                detail = details.get(engine)
+                if detail is None or detail.handshakes != handshakes:
+                    del per_engine[engine]

@@ -1,0 +1,93 @@
+"""``exporter/control/fleetread.py``: the one read of the fleet the poller and the gate share,
+and its memory of what each engine said it does not have (over the in-memory ``FakeFleet``)."""
+
+from __future__ import annotations
+
+from exporter.client.fake import answers
+from exporter.client.fleet import EngineDetail, Outcome
+from exporter.control.fleetread import KNOWN_UNSUPPORTED, FleetRead
+from exporter.fleetstate.invariants import is_unsupported
+from tests.harness.fakefleets import ReportingFleet, awake
+
+ENGINES = ("0", "1")
+VERSION = "get_weight_version"
+
+
+def older_vllm_on(engine: str) -> ReportingFleet:
+    """Engines awake at v1; ``engine`` has no ``get_weight_version``."""
+    values = awake(ENGINES)
+    del values[engine][VERSION]
+    return ReportingFleet(answers(values), engines=ENGINES)
+
+
+def details(fleet: ReportingFleet) -> dict[str, EngineDetail]:
+    return {d.engine: d for d in fleet.engine_details()}
+
+
+def asked(fleet: ReportingFleet, method: str) -> list[str]:
+    return [engine for engine, m, _ in fleet.calls if m == method]
+
+
+async def test_an_engine_that_said_it_lacks_a_method_is_not_asked_again() -> None:
+    fleet = older_vllm_on("1")
+    read = FleetRead(fleet)
+    await read.read({VERSION}, 1.0, details(fleet))
+    assert read.unsupported_by("1") == {VERSION} and read.unsupported_by("0") == set()
+    results = await read.read({VERSION}, 1.0, details(fleet))
+    assert asked(fleet, VERSION) == ["0", "1", "0"]
+    by_engine = {o.engine: o for o in results[VERSION]}
+    assert by_engine["0"].outcome is Outcome.OK and by_engine["0"].value == "v1"
+    said = by_engine["1"]
+    assert said.outcome is Outcome.FAILED and said.error == KNOWN_UNSUPPORTED
+    assert is_unsupported(said)  # read as unsupported by the poller and the gate alike
+
+
+async def test_an_engine_that_handshook_again_is_asked_everything_again() -> None:
+    fleet = older_vllm_on("1")
+    read = FleetRead(fleet)
+    await read.read({VERSION}, 1.0, details(fleet))
+    fleet.handler = answers(awake(ENGINES, version="v2"))  # restarted on a newer vLLM
+    fleet.handshakes["1"] = 2
+    results = await read.read({VERSION}, 1.0, details(fleet))
+    assert asked(fleet, VERSION) == ["0", "1", "0", "1"]
+    assert [o.value for o in results[VERSION]] == ["v2", "v2"]
+    assert read.unsupported_by("1") == set()
+
+
+async def test_an_engine_that_left_is_forgotten() -> None:
+    fleet = older_vllm_on("1")
+    read = FleetRead(fleet)
+    await read.read({VERSION}, 1.0, details(fleet))
+    assert read.unsupported_everywhere(VERSION, ["1"])
+    only_0 = {"0": details(fleet)["0"]}
+    await read.read({VERSION}, 1.0, only_0)
+    assert read.unsupported_by("1") == set()
+    assert not read.unsupported_everywhere(VERSION, ["1"])
+
+
+async def test_unsupported_everywhere_needs_every_engine_and_at_least_one() -> None:
+    fleet = older_vllm_on("1")
+    read = FleetRead(fleet)
+    await read.read({VERSION, "is_sleeping"}, 1.0, details(fleet))
+    assert read.unsupported_everywhere(VERSION, ["1"])
+    assert not read.unsupported_everywhere(VERSION, ["0", "1"])
+    assert not read.unsupported_everywhere(VERSION, [])
+    assert not read.unsupported_everywhere("is_sleeping", ["1"])
+
+
+async def test_only_the_methods_asked_that_the_mode_supports_are_read() -> None:
+    fleet = older_vllm_on("1")
+    fleet.unsupported = frozenset({"is_scheduler_paused"})
+    read = FleetRead(fleet)
+    results = await read.read({"is_sleeping", "is_scheduler_paused"}, 1.0, details(fleet))
+    assert set(results) == {"is_sleeping"}
+    assert {m for _, m, _ in fleet.calls} == {"is_sleeping"}
+
+
+async def test_answers_of_the_wrong_type_are_failed_reads() -> None:
+    values = awake(ENGINES, changed={"1": {"is_sleeping": "yes"}})
+    fleet = ReportingFleet(answers(values), engines=ENGINES)
+    results = await FleetRead(fleet).read({"is_sleeping"}, 1.0, details(fleet))
+    ok, odd = results["is_sleeping"]
+    assert ok.outcome is Outcome.OK and ok.value is False
+    assert odd.outcome is Outcome.FAILED and odd.error == "expected a boolean, got 'yes'"

@@ -1,0 +1,274 @@
+"""``exporter/control/gate.py``: the conditions a query may set, the pure verdict over a sample,
+and the ``Gate``'s fresh fan-out (shared by concurrent callers, at most one per
+``min_interval_s``) over the in-memory ``FakeFleet``. The verdict's failing-engine names, the
+``healthy`` condition and the 501 of a condition no engine has are in
+tests/unit/control/test_rl_semantics.py and tests/unit/protocol/test_pushes_and_unsupported.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from exporter.client.fake import answers
+from exporter.client.fleet import Capabilities, EngineOutcome, Outcome
+from exporter.control.gate import (
+    ALL_METHODS,
+    Gate,
+    GateRequestError,
+    evaluate,
+    needed_methods,
+    parse_conditions,
+)
+from exporter.control.poller import Poller
+from exporter.metrics.stats import Stats
+from exporter.protocol.pushes import FaultStatus
+from tests.harness.clock import ManualClock
+from tests.harness.fakefleets import HeldFleet, ReportingFleet, awake, fleet_of
+from tests.harness.gatesample import gate_sample
+
+ENGINES = ("0", "1")
+NO_ATTR = "Call to {m} method failed: 'EngineCoreProc' object has no attribute '{m}'"
+
+
+def gate_over(fleet: Any, clock: ManualClock | None = None, **options: Any) -> Gate:
+    options.setdefault("min_interval_s", 1.0)
+    return Gate(
+        fleet, timeout_s=1.0, clock=clock or ManualClock(), wall_clock=lambda: 5000.0, **options
+    )
+
+
+def methods_called(fleet: Any) -> set[str]:
+    return {method for _, method, _ in fleet.calls}
+
+
+# -- conditions -------------------------------------------------------------------------------
+
+
+def test_boolean_conditions_take_any_case_and_versions_are_bounded() -> None:
+    parsed = parse_conditions({"sleeping": ["TRUE"], "paused": ["0"], "healthy": ["1"]})
+    assert parsed == {"sleeping": True, "paused": False, "healthy": True}
+    assert parse_conditions({"weight_version": ["v" * 256]}) == {"weight_version": "v" * 256}
+    with pytest.raises(GateRequestError, match="1-256 characters"):
+        parse_conditions({"weight_version": ["v" * 257]})
+
+
+@pytest.mark.parametrize(
+    ("conditions", "methods"),
+    [
+        ({}, None),
+        ({"healthy": True}, {"is_sleeping"}),
+        ({"sleeping": False}, {"is_sleeping"}),
+        ({"paused": False}, {"is_sleeping", "is_scheduler_paused"}),
+        ({"weight_version": "v1", "healthy": True}, {"is_sleeping", "get_weight_version"}),
+    ],
+)
+def test_conditions_need_is_sleeping_and_their_own_methods(
+    conditions: dict[str, Any], methods: set[str] | None
+) -> None:
+    assert needed_methods(conditions) == (None if methods is None else frozenset(methods))
+
+
+# -- the verdict ------------------------------------------------------------------------------
+
+
+def test_every_engine_must_answer_is_sleeping_even_without_conditions() -> None:
+    timeout = EngineOutcome("1", Outcome.TIMEOUT, error="no reply within 1s")
+    status, body = evaluate(
+        {}, gate_sample({"0": {"is_sleeping": True}, "1": {"is_sleeping": timeout}}), 0.0
+    )
+    assert status == 412 and body["failing_engines"] == ["1"]
+    assert body["engines"][1]["failures"] == ["sleeping: timeout (no reply within 1s)"]
+    first = body["engines"][0]
+    assert (first["engine"], first["ok"], first["failures"]) == ("0", True, [])
+    assert first["values"] == {"sleeping": True}
+
+
+def test_a_sample_without_engines_is_never_ok() -> None:
+    status, body = evaluate({"sleeping": False}, gate_sample({}), 0.0)
+    assert status == 412 and body["ok"] is False and body["engines"] == []
+
+
+def test_a_failed_read_names_its_error_and_an_unsupported_one_says_so() -> None:
+    sample = gate_sample(
+        {
+            "0": {
+                "is_sleeping": False,
+                "get_weight_version": EngineOutcome("0", Outcome.FAILED, error="boom"),
+            },
+            "1": {
+                "is_sleeping": False,
+                "get_weight_version": EngineOutcome(
+                    "1", Outcome.FAILED, error=NO_ATTR.format(m="get_weight_version")
+                ),
+            },
+        }
+    )
+    status, body = evaluate({"weight_version": "v1"}, sample, 0.0)
+    assert status == 412
+    failures = [e["failures"] for e in body["engines"]]
+    assert failures == [
+        ["weight_version: failed (boom)"],
+        ["weight_version: unsupported by this engine"],
+    ]
+
+
+def test_healthy_false_is_met_only_by_a_faulty_rank() -> None:
+    statuses = {"0": FaultStatus("dead", None, 1.0)}
+    sample = gate_sample({"0": {"is_sleeping": False}, "1": {"is_sleeping": False}}, statuses)
+    status, body = evaluate({"healthy": False}, sample, 0.0)
+    assert status == 412 and body["failing_engines"] == ["1"]
+    assert [e["values"]["healthy"] for e in body["engines"]] == [False, True]
+    assert body["engines"][1]["failures"] == [
+        "healthy: fault tolerance reports healthy, expected healthy=False"
+    ]
+
+
+def test_the_age_of_a_sample_is_never_negative() -> None:
+    sample = gate_sample({"0": {"is_sleeping": False}})  # taken at 0.0
+    assert evaluate({}, sample, 2.5)[1]["age_s"] == 2.5
+    assert evaluate({}, sample, -1.0)[1]["age_s"] == 0.0
+
+
+# -- the shared fan-out -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("conditions", "methods"),
+    [
+        ({}, set(ALL_METHODS)),
+        ({"healthy": True}, {"is_sleeping"}),
+        ({"paused": False}, {"is_sleeping", "is_scheduler_paused"}),
+    ],
+)
+async def test_the_gate_asks_only_what_its_conditions_need(
+    conditions: dict[str, Any], methods: set[str]
+) -> None:
+    fleet = fleet_of(awake(ENGINES))
+    status, _ = await gate_over(fleet).check(conditions)
+    assert status == 200
+    assert methods_called(fleet) == methods
+
+
+async def test_callers_arriving_during_a_fan_out_share_it() -> None:
+    fleet = fleet_of(awake(ENGINES))
+    gate = gate_over(fleet)
+    first, second, third = await asyncio.gather(gate.sample(), gate.sample(), gate.sample())
+    assert first is second is third
+    assert gate.fanouts == 1
+    assert len(fleet.calls) == len(ENGINES) * len(ALL_METHODS)
+
+
+async def test_a_caller_wanting_more_than_the_fan_out_in_flight_gets_its_own() -> None:
+    gate = gate_over(fleet_of(awake(ENGINES)))
+    small, everything = await asyncio.gather(gate.sample(frozenset({"is_sleeping"})), gate.sample())
+    assert gate.fanouts == 2 and small.asked == {"is_sleeping"} and everything.asked == ALL_METHODS
+    gate.invalidate()
+    # The other way round, the smaller question shares the bigger fan-out.
+    everything, small = await asyncio.gather(gate.sample(), gate.sample(frozenset({"is_sleeping"})))
+    assert gate.fanouts == 3 and small is everything
+
+
+async def test_a_sample_serves_min_interval_then_a_fresh_fan_out_is_taken() -> None:
+    clock = ManualClock()
+    gate = gate_over(fleet_of(awake(ENGINES)), clock, min_interval_s=1.0)
+    first = await gate.sample()
+    clock.now += 0.999
+    assert await gate.sample() is first
+    assert gate.fanouts == 1
+    clock.now += 0.001
+    assert await gate.sample() is not first
+    assert gate.fanouts == 2
+
+
+async def test_a_sample_of_fewer_methods_is_not_reused_for_a_caller_wanting_more() -> None:
+    gate = gate_over(fleet_of(awake(ENGINES)))
+    await gate.sample(frozenset({"is_sleeping"}))
+    sample = await gate.sample(frozenset({"get_weight_version"}))
+    assert gate.fanouts == 2 and sample.asked == {"is_sleeping", "get_weight_version"}
+    assert await gate.sample(frozenset({"is_sleeping"})) is sample  # asks less: shared
+    assert gate.fanouts == 2
+
+
+async def test_a_reused_sample_reports_its_age_and_when_it_was_taken() -> None:
+    clock = ManualClock(100.0)
+    gate = gate_over(fleet_of(awake(ENGINES)), clock)
+    await gate.check({})
+    clock.now = 100.25
+    status, body = await gate.check({})
+    assert status == 200 and gate.fanouts == 1
+    assert body["age_s"] == 0.25 and body["checked_at_unix"] == 5000.0
+
+
+async def test_after_invalidate_no_caller_gets_a_fan_out_started_before_it() -> None:
+    fleet = HeldFleet(answers(awake(ENGINES)), engines=ENGINES)
+    gate = gate_over(fleet)
+    before = asyncio.ensure_future(gate.sample())
+    await fleet.entered.wait()  # the first fan-out is in flight
+    gate.invalidate()  # an admin action changed the state
+    after = asyncio.ensure_future(gate.sample())
+    fleet.release.set()
+    old, new = await asyncio.gather(before, after)
+    assert new is not old and gate.fanouts == 2
+    assert await gate.sample() is new  # and the fresh one is what later callers share
+
+
+async def test_one_caller_hanging_up_does_not_cancel_the_fan_out_others_wait_for() -> None:
+    fleet = HeldFleet(answers(awake(ENGINES)), engines=ENGINES)
+    gate = gate_over(fleet)
+    leaving = asyncio.ensure_future(gate.check({}))
+    staying = asyncio.ensure_future(gate.check({}))
+    await fleet.entered.wait()
+    leaving.cancel()
+    fleet.release.set()
+    status, body = await staying
+    assert status == 200 and body["ok"] is True and gate.fanouts == 1
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+
+
+async def test_no_engine_connected_is_503_and_nobody_is_asked() -> None:
+    fleet = fleet_of(awake(ENGINES), disconnected={"0", "1"})
+    gate = gate_over(fleet)
+    status, body = await gate.check({"sleeping": False})
+    assert status == 503 and body["error"] == "no engine is connected"
+    assert body["failing_engines"] == ["0", "1"] and body["conditions"] == {"sleeping": False}
+    assert gate.fanouts == 0 and fleet.calls == []
+
+
+async def test_a_method_the_attach_mode_does_not_ask_makes_its_condition_unsupported() -> None:
+    fleet = fleet_of(awake(ENGINES), unsupported=frozenset({"is_scheduler_paused"}))
+    status, body = await gate_over(fleet).check({"paused": False})
+    assert status == 501 and body["unsupported"] == ["paused"]
+    assert body["engines"][0]["failures"] == ["paused: not available in this attach mode"]
+    assert "is_scheduler_paused" not in methods_called(fleet)
+
+
+async def test_healthy_reads_what_engines_pushed_where_the_mode_can_know() -> None:
+    fleet = ReportingFleet(answers(awake(ENGINES)), engines=ENGINES)
+    gate = gate_over(fleet, min_interval_s=0.0)
+    assert (await gate.check({"healthy": True}))[0] == 200  # no engine reported: healthy
+    fleet.fault_status["1"] = FaultStatus("unhealthy", "RuntimeError", 1.0)
+    status, body = await gate.check({"healthy": True})
+    assert status == 412 and body["failing_engines"] == ["1"]
+    blind = ReportingFleet(
+        answers(awake(ENGINES)), engines=ENGINES, fake_capabilities=Capabilities()
+    )
+    blind.fault_status["1"] = FaultStatus("dead", None, 1.0)
+    status, body = await gate_over(blind).check({"healthy": True})
+    assert status == 501 and body["unsupported"] == ["healthy"]
+
+
+async def test_the_gate_never_asks_what_the_poller_learnt_an_engine_lacks() -> None:
+    values = awake(ENGINES)
+    del values["1"]["get_weight_version"]  # engine 1 is an older vLLM
+    fleet = fleet_of(values)
+    poller = Poller(fleet, Stats(), interval_s=60.0, call_timeout_s=1.0)
+    await poller.poll_once()
+    asked_before = len(fleet.calls)
+    status, body = await gate_over(fleet, reader=poller.reader).check({"weight_version": "v1"})
+    assert ("1", "get_weight_version", ()) not in fleet.calls[asked_before:]
+    assert ("0", "get_weight_version", ()) in fleet.calls[asked_before:]
+    assert status == 412 and body["failing_engines"] == ["1"]
+    assert body["engines"][1]["failures"] == ["weight_version: unsupported by this engine"]
