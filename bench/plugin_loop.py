@@ -28,7 +28,7 @@ from bench.procs import engine_fleet, free_address
 from bench.report_model import machine_lines
 from bench.sim_vllm import start_sim_vllm
 from exporter.base import eventloop
-from exporter.embed.runtime import InProcessRuntime
+from exporter.inprocess.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 
 PROBE_S = 0.005

@@ -6,12 +6,12 @@ Run with vLLM's Python, with the checkout installed in vLLM's environment
     python embedded_trainer.py MODEL --token-file FILE [--listen 127.0.0.1:0]
         [--admin-listen 127.0.0.1:0] [--data-parallel-size 2]
 
-What a user of ``exporter.embed.start_exporter`` writes: the ``AsyncLLM`` is built in the running
-event loop, the exporter is started in that same loop over it, a few tokens are generated, and
-the process serves until SIGTERM or SIGINT; then it stops the exporter, shuts the ``AsyncLLM``
-down and exits 0. It prints one JSON line per step on stdout (``{"event": "ready", "url": ...,
-"admin_url": ..., "tokens": N}`` once serving), which is how the suite finds the ports the OS
-chose.
+What a user of ``exporter.inprocess.start_exporter`` writes: the ``AsyncLLM`` is built in the
+running event loop, the exporter is started in that same loop over it, a few tokens are
+generated, and the process serves until SIGTERM or SIGINT; then it stops the exporter, shuts
+the ``AsyncLLM`` down and exits 0. It prints one JSON line per step on stdout
+(``{"event": "ready", "url": ..., "admin_url": ..., "tokens": N}`` once serving), which is
+how the suite finds the ports the OS chose.
 
 Unlike the rest of ``e2e/``, this file imports the exporter: it is the user's program, not the
 suite; it runs in vLLM's environment, never in the suite's.
@@ -55,7 +55,7 @@ async def run(args: argparse.Namespace) -> int:
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
 
-    from exporter.embed import start_exporter
+    from exporter.inprocess import start_exporter
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """In-process mode's deployments for ``test_inprocess.py``: the ``dp_exporter`` plugin inside
 ``vllm serve``, ``vllm serve`` with the package installed but not allow-listed, and a
-trainer's process running ``exporter.embed.start_exporter`` over its own ``AsyncLLM``.
+trainer's process running ``exporter.inprocess.start_exporter`` over its own ``AsyncLLM``.
 
 Each needs the checkout installed in vLLM's environment (``e2e.plugin_install``). Every vLLM
 process here runs in its log folder (not in the checkout, whose ``exporter/`` and stale

@@ -82,7 +82,7 @@ def _installed_package(venv: Path) -> bool:
     site = list(venv.glob("lib/python3*/site-packages"))
     return any(
         any(s.glob("vllm_dp_exporter-*.dist-info"))
-        and (s / PACKAGE / "embed" / "plugin.py").is_file()
+        and (s / PACKAGE / "inprocess" / "plugin.py").is_file()
         for s in site
     )
 

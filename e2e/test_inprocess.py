@@ -12,7 +12,7 @@ deployments, one per test class, each started once and stopped when its class en
   unset (one engine): vLLM starts as always and loads nothing of it; plus vLLM's allow-list
   rule itself for unset, empty, other and listed values (no server);
 * 8c ``TestEmbeddedTrainer``: ``e2e/embedded_trainer.py``, a process owning an ``AsyncLLM`` with
-  2 DP engines and running ``exporter.embed.start_exporter`` over it; SIGTERM stops it cleanly.
+  2 DP engines and running ``exporter.inprocess.start_exporter`` over it; SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations

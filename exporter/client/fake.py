@@ -22,6 +22,7 @@ from exporter.client.fleet import (
     EngineOutcome,
     Outcome,
     check_allowed,
+    stopping,
 )
 from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.strings import bound_text, bound_value
@@ -42,6 +43,8 @@ class FakeFleet:
     #: What this fake says it can do (a mode that learns fault-tolerance statuses, by default).
     fake_capabilities: Capabilities = field(default_factory=lambda: Capabilities(fault_status=True))
     disconnected: set[str] = field(default_factory=set)
+    #: Closed: every call ends ``stopping`` (as in every mode).
+    closed: bool = False
     vllm_version: str | None = "0.33.0"
     #: Engine → its KV-events publisher (as a registration would carry it).
     kv_events: dict[str, KvEventsSource] = field(default_factory=dict)
@@ -86,10 +89,10 @@ class FakeFleet:
         return {}
 
     async def start(self) -> None:
-        self.started = True
+        self.started, self.closed = True, False
 
     async def close(self) -> None:
-        self.started = False
+        self.started, self.closed = False, True
 
     async def call_utility(
         self,
@@ -103,6 +106,9 @@ class FakeFleet:
         outcomes = []
         for engine in self.engines:
             if engines is not None and engine not in engines:
+                continue
+            if self.closed:
+                outcomes.append(stopping(engine))
                 continue
             if engine in self.disconnected:
                 outcomes.append(

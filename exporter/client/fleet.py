@@ -85,6 +85,16 @@ def check_allowed(method: str, allowed: Collection[str]) -> None:
         raise MethodNotAllowed(f"utility method {method!r} is not on the allow-list")
 
 
+#: What every mode answers for a call in flight when the client closes, and for any call
+#: after: nothing more is sent (``stopping``).
+STOPPING = "the exporter is stopping"
+
+
+def stopping(engine: str) -> EngineOutcome:
+    """The outcome of a call the client ended, or refused, because it is closing."""
+    return EngineOutcome(engine, Outcome.DISCONNECTED, error=STOPPING)
+
+
 def timed_out(engine: str, timeout_s: float) -> EngineOutcome:
     """The outcome of an engine that did not answer within the fan-out's shared deadline."""
     return EngineOutcome(

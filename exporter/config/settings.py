@@ -59,7 +59,7 @@ def parse_switch(text: str) -> bool:
 #: still queued for the front end a little before that, so a front end that comes up late never
 #: receives a HELLO from an engine that has already given up.
 RELAY_UPSTREAM_TIMEOUT_S = 295.0
-#: ``inprocess`` is set by the vLLM endpoint plugin and the embedding API (``exporter.embed``),
+#: ``inprocess`` is set by the vLLM endpoint plugin and the embedding API (``exporter.inprocess``),
 #: never by ``serve``: it needs vLLM's engine-core client, which only those hold.
 ATTACH_MODES = ("owner", "relay", "http", "inprocess")
 

@@ -51,7 +51,7 @@ def build_fleet(
             return InProcessFleetClient(vllm, faults=faults)
         raise ConfigError(
             "attach mode inprocess runs inside vLLM's API server (VLLM_PLUGINS=dp_exporter) or "
-            "in the process that owns an AsyncLLM (exporter.embed.start_exporter); serve "
+            "in the process that owns an AsyncLLM (exporter.inprocess.start_exporter); serve "
             "attaches as owner, relay or http"
         )
     raise ConfigError(f"unknown attach mode {config.attach!r}")

@@ -73,7 +73,7 @@ class Exporter:
     ) -> None:
         """The client of ``config.attach`` is built here, the one place (``build_fleet``),
         after the tally it counts into; in-process mode needs ``vllm``, vLLM's engine-core
-        client as ``exporter.embed`` found it. ``client``: a ready one (tests, benchmarks)."""
+        client as ``exporter.inprocess`` found it. ``client``: a ready one (tests, benchmarks)."""
         self.config = config
         self.faults = ProtocolErrorTally()
         self.stats = Stats()

@@ -7,7 +7,7 @@ every scrape shows the same series, once, each process publishes its families
 does: gauges (what a poll saw) from the leader (API server 0) only, counters and histograms (what
 happened) summed over every process, and the timestamps of what happened (a prefix-cache reset,
 run by whichever process got the request) as the latest of every process. Pure functions; the
-files are ``exporter.embed.shared``'s.
+files are ``exporter.inprocess.shared``'s.
 """
 
 from __future__ import annotations

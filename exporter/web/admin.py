@@ -70,7 +70,7 @@ Answer = tuple[int, dict[str, Any], dict[str, str]]
 @dataclass(frozen=True)
 class AdminHttpRequest:
     """What the guards read of an HTTP request, whichever server received it (this module's
-    aiohttp listener, or the FastAPI routes of ``exporter.embed`` on vLLM's own port)."""
+    aiohttp listener, or the FastAPI routes of ``exporter.inprocess`` on vLLM's own port)."""
 
     #: Case-insensitive; header values that are not UTF-8 as surrogate escapes.
     headers: Mapping[str, str]

@@ -200,7 +200,7 @@ class RunningService:
 async def start_service(config: ServeConfig, exporter: Exporter | None = None) -> RunningService:
     """``create_app(config, exporter)`` started and listening on ``config.listen`` (and the
     admin listener on ``config.admin_listen``) in the running event loop: what ``serve`` runs,
-    and what ``exporter.embed.start_exporter`` runs inside a trainer's process. A socket that
+    and what ``exporter.inprocess.start_exporter`` runs inside a trainer's process. A socket that
     cannot be bound raises ``StartupError`` (one line) with nothing left running."""
     app = create_app(config, exporter)
     runner = guarded_runner(app, access_log=None, shutdown_timeout=1.0)

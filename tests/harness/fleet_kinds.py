@@ -44,12 +44,14 @@ from exporter.client.fleet import (
     FleetClient,
     Outcome,
 )
-from exporter.client.http.client import PLUGIN_SHARE_S, HttpFleetClient
+from exporter.client.http.client import HttpFleetClient
+from exporter.client.http.plugin_read import PLUGIN_SHARE_S
+from exporter.client.http.target import PluginTargetState
 from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
 from exporter.control.attach import build_fleet
-from exporter.embed.plugin import DpExporterPlugin
-from exporter.embed.trainer import inprocess_config
+from exporter.inprocess.plugin import DpExporterPlugin
+from exporter.inprocess.trainer import inprocess_config
 from exporter.sim.options import SimOptions, SimReply
 from exporter.sim.state import EngineState
 from tests.harness.apiservers import ApiServer, ApiServers, http_config
@@ -479,7 +481,11 @@ class HttpKind(FleetKind):
 def http_pending(client: HttpFleetClient) -> int:
     """HTTP mode's work still running: its background reads (version, fault status) and any
     plugin target's gate read (shared by calls, so not the caller's to cancel)."""
-    samples = [s.sample for s in client._states if s.sample is not None]
+    samples = [
+        s.sample
+        for s in client._states
+        if isinstance(s, PluginTargetState) and s.sample is not None
+    ]
     return len(client._background) + sum(1 for task in samples if not task.done())
 
 

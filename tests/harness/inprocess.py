@@ -26,7 +26,7 @@ from exporter.base.ports import free_listen_port
 from exporter.client.fleet import DEFAULT_ALLOWED_METHODS
 from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore
-from exporter.embed import start_exporter
+from exporter.inprocess import start_exporter
 from exporter.sim.options import RequestHook, SimOptions
 from exporter.web.app import RunningService
 from tests.harness.service import RecordingSimEngine

@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, Response
 from multidict import CIMultiDictProxy
 from prometheus_client import REGISTRY, Gauge
 
-from exporter.embed.plugin import DpExporterPlugin
-from exporter.embed.runtime import InProcessRuntime
+from exporter.inprocess.plugin import DpExporterPlugin
+from exporter.inprocess.runtime import InProcessRuntime
 from tests.harness.inprocess import SimVllm, start_sim_vllm_fleet
 from tests.harness.waiting import eventually
 

@@ -31,6 +31,7 @@ from exporter.client.fleet import (
     EngineOutcome,
     Outcome,
     check_allowed,
+    stopping,
     timed_out,
 )
 from exporter.client.pushes import PushBook
@@ -138,6 +139,7 @@ class EngineCoreClient:
         self._pending: dict[int, _Pending] = {}
         self._labels: dict[int, str] = {}
         self._confirming: dict[int, asyncio.Task[None]] = {}
+        self._closed = False
         # Random start: a restarted exporter does not reuse the ids its predecessor had in flight.
         self._next_id = random.getrandbits(64)
         #: What engines pushed unasked (the exporter is client 0 in owner mode).
@@ -185,6 +187,7 @@ class EngineCoreClient:
         return self.transport.unexpected.seen
 
     async def start(self) -> None:
+        self._closed = False
         try:
             await self.transport.start()
         except zmq.ZMQError as exc:
@@ -198,12 +201,16 @@ class EngineCoreClient:
                     self.pushes.restore(self._label(link.engine_index), link.fault_status)
 
     async def close(self) -> None:
+        """End every call in flight (``stopping``: no reply will be read) and send nothing
+        more; then close the transport."""
+        self._closed = True
         for task in self._confirming.values():
             task.cancel()
         self._confirming.clear()
         for pending in self._pending.values():
-            if not pending.fanout.done.done():
-                pending.fanout.done.cancel()
+            pending.fanout.resolve(
+                pending.engine_index, stopping(self._label(pending.engine_index))
+            )
         self._pending.clear()
         await self.transport.close()
 
@@ -245,6 +252,8 @@ class EngineCoreClient:
         if engines is not None:
             wanted = set(engines)
             indices = [i for i in indices if self._label(i) in wanted]
+        if self._closed:
+            return [stopping(self._label(i)) for i in indices]
         fanout = _FanOut(asyncio.get_running_loop(), len(indices))
         results = fanout.results
         sent: list[int] = []

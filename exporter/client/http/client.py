@@ -49,17 +49,11 @@ from exporter.client.fleet import (
     EngineOutcome,
     Outcome,
     check_allowed,
+    stopping,
     timed_out,
 )
 from exporter.client.http.fault import FaultStatusReader
-from exporter.client.http.plugin import (
-    ACTION_HINT,
-    GATE_KEYS,
-    GateAnswer,
-    gate_engines,
-    gate_outcomes,
-    is_plugin_url,
-)
+from exporter.client.http.plugin_read import PluginReads
 from exporter.client.http.replies import interpret
 from exporter.client.http.routes import (
     Reply,
@@ -71,7 +65,7 @@ from exporter.client.http.routes import (
     route,
 )
 from exporter.client.http.target import HttpTarget as HttpTarget  # callers import it from here
-from exporter.client.http.target import TargetState
+from exporter.client.http.target import PluginTargetState, TargetState, target_state
 from exporter.client.pushes import PushBook
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
@@ -81,9 +75,6 @@ log = logging.getLogger("exporter.http")
 #: At most this many requests in flight per client (across all targets).
 DEFAULT_MAX_CONCURRENCY = 64
 VERSION_TIMEOUT_S = 5.0
-#: A plugin target's gate answer serves the read methods of requests started this soon after.
-PLUGIN_SHARE_S = 0.1
-GATE_ROUTE = Route("GET", "/gate")
 
 
 @dataclass
@@ -99,7 +90,7 @@ class HttpFleetClient:
 
     def __post_init__(self) -> None:
         self.pushes = PushBook(self.faults)
-        self._states = [TargetState(t, plugin=is_plugin_url(t.url)) for t in self.targets]
+        self._states = [target_state(t) for t in self.targets]
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._side: aiohttp.ClientSession | None = None
@@ -108,7 +99,9 @@ class HttpFleetClient:
         self._fault_reads = FaultStatusReader(
             self.pushes, self.faults, self._side_session, self._background
         )
+        self._plugin = PluginReads(self._gate_request, self.pushes.drop)
         self.retries = 0
+        self._closed = False
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -147,6 +140,7 @@ class HttpFleetClient:
         return {}
 
     async def start(self) -> None:
+        self._closed = False
         headers = {"Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -164,6 +158,7 @@ class HttpFleetClient:
         self._session, self._fresh, self._side = session(False), session(True), session(False)
 
     async def close(self) -> None:
+        self._closed = True
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -186,6 +181,9 @@ class HttpFleetClient:
         spec = route(method, args)
         wanted = None if engines is None else set(engines)
         states = [s for s in self._states if wanted is None or not wanted.isdisjoint(s.labels())]
+        if self._closed:
+            labels = [label for s in states for label in s.labels()]
+            return [stopping(label) for label in labels if wanted is None or label in wanted]
         tasks = {
             s.target.label: asyncio.create_task(self._call_target(s, method, spec, timeout_s))
             for s in states
@@ -215,6 +213,8 @@ class HttpFleetClient:
                 )
             else:
                 results.extend(task.result())
+        if self._closed:  # closed while these calls were in flight: nothing was read for them
+            results = [o if o.ok else stopping(o.engine) for o in results]
         if wanted is not None:
             results = [o for o in results if o.engine in wanted]
         return results
@@ -236,73 +236,13 @@ class HttpFleetClient:
     async def _read_target(
         self, state: TargetState, method: str, spec: Route, timeout_s: float
     ) -> list[EngineOutcome]:
-        if not state.plugin:
-            return [await self._call_one(state, method, spec)]
-        if method not in GATE_KEYS:
-            hint = ACTION_HINT.format(url=state.target.url)
-            return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
-        answer = await self._gate_answer(state, timeout_s)
-        if answer is None:
-            return [timed_out(label, timeout_s) for label in state.labels()]
-        if answer.error is not None:  # unreachable, over the read limit, or too slow
-            kind, error = answer.kind, answer.error
-            return [EngineOutcome(label, kind, error=error) for label in state.labels()]
-        status, body, duration = answer.status, answer.body, answer.duration_s
-        ranks = gate_engines(status, body)
-        if ranks is not None:
-            for label in state.follow(answer, ranks):  # ranks the server stopped naming
-                self.pushes.drop(label)
-        if not state.ranks:  # nothing named yet: the target stands for its engines
-            (outcome,) = gate_outcomes(state.target.label, ["?"], method, status, body, duration)
-            return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]
-        return gate_outcomes(state.target.label, state.ranks, method, status, body, duration)
+        if isinstance(state, PluginTargetState):
+            return await self._plugin.read(state, method, timeout_s)
+        return [await self._call_one(state, method, spec)]
 
-    async def _gate_answer(self, state: TargetState, timeout_s: float) -> GateAnswer | None:
-        """A gate answer for this poll: one ``GET <url>/gate`` shared by the poll's read
-        methods (started within ``PLUGIN_SHARE_S``, or still running, it is reused). The
-        server's own fan-out waits up to its own call timeout for a hung engine, which may be
-        this deadline: an answer that arrives later is the next poll's, if no older than two
-        deadlines. None: no answer to use (every engine of the target timed out)."""
-        task = state.sample
-        fresh = time.monotonic() - state.sampled_at < PLUGIN_SHARE_S
-        if task is None or not (fresh or not task.done()):
-            state.sampled_at = time.monotonic()
-            task = state.sample = asyncio.ensure_future(self._fetch_gate(state, timeout_s))
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), timeout_s * 0.9)
-        except asyncio.TimeoutError:
-            recent = time.monotonic() - state.answered_at < 2 * timeout_s
-            return state.answered if recent else None
-
-    async def _fetch_gate(self, state: TargetState, timeout_s: float) -> GateAnswer:
-        """One ``GET <url>/gate``, given up after two deadlines (it may serve the next poll,
-        not the one after: a body dripping a byte at a time is not waited for forever), its
-        answer read up to ``MAX_ANSWER``."""
-
-        async def fetch() -> Reply:
-            async with self._semaphore:
-                return await self._request(self._pooled(), state, GATE_ROUTE)
-
-        started = time.perf_counter()
-        try:
-            reply = await asyncio.wait_for(fetch(), 2 * timeout_s)
-        except asyncio.TimeoutError:
-            state.connected = False
-            error = f"no whole answer from /dp/gate within {2 * timeout_s:g}s: abandoned"
-            return GateAnswer.failed(Outcome.TIMEOUT, error, time.perf_counter() - started)
-        except (Retryable, aiohttp.ClientError, OSError) as exc:
-            state.connected = False
-            state.fault_read.reconnected()
-            error = connection_error(state.target.url, exc)
-            return GateAnswer.failed(Outcome.DISCONNECTED, error, time.perf_counter() - started)
-        duration = time.perf_counter() - started
-        state.connected = reply.status in (200, 412)
-        if reply.cut:
-            error = answer_too_long("/dp/gate", GATE_ROUTE.limit)
-            return GateAnswer.failed(Outcome.FAILED, error, duration)
-        state.answered = GateAnswer(reply.status, reply.body, duration)
-        state.answered_at = time.monotonic()
-        return state.answered
+    async def _gate_request(self, state: PluginTargetState, spec: Route) -> Reply:
+        async with self._semaphore:
+            return await self._request(self._pooled(), state, spec)
 
     # -- one target --------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""One HTTP-mode target and what the client knows of it (``exporter.client.http.client``):
-whether it answered, its vLLM version, and for a plugin-enabled server (URL ending in ``/dp``)
-the ranks its ``/dp/gate`` answers name, followed answer by answer (``plugin.follow_ranks``) so
-a target holds at most ``MAX_ENGINES`` engines and none its server stopped naming.
+"""The two kinds of HTTP-mode target and what the client knows of each
+(``exporter.client.http.client``): a dev-routes server (``TargetState``: whether it answered,
+its vLLM version) and a plugin-enabled server (``PluginTargetState``, URL ending in ``/dp``:
+also the ranks its ``/dp/gate`` answers name, followed answer by answer
+(``plugin.follow_ranks``) so a target holds at most ``MAX_ENGINES`` engines and none its server
+stopped naming, and the gate answer its read methods share).
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 from exporter.client.http.fault import FaultRead
-from exporter.client.http.plugin import GateAnswer, engine_label, follow_ranks, server_root
+from exporter.client.http.plugin import (
+    GateAnswer,
+    engine_label,
+    follow_ranks,
+    is_plugin_url,
+    server_root,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,14 +31,30 @@ class HttpTarget:
 
 @dataclass(slots=True)
 class TargetState:
+    """A dev-routes target: one API server that is one engine to the exporter (its answers are
+    vLLM's own aggregate over the ranks it manages)."""
+
     target: HttpTarget
     connected: bool = False
     requests: int = 0
     #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
     vllm_version: str | None = None
     version_pending: bool = False
-    #: A plugin-enabled server (URL ending in /dp): its engines' ranks, once it named them.
-    plugin: bool = False
+    #: ``GET /fault_tolerance/status`` (``fault``): the worst of the server's ranks.
+    fault_read: FaultRead = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fault_read = FaultRead(self.target.label, self.target.url, per_rank=False)
+
+    def labels(self) -> list[str]:
+        return [self.target.label]
+
+
+@dataclass(slots=True)
+class PluginTargetState(TargetState):
+    """A plugin-enabled server (URL ending in ``/dp``): each rank its ``/dp/gate`` names is an
+    engine of its own, followed answer by answer; read by ``plugin_read.PluginReads``."""
+
     ranks: list[str] = field(default_factory=list)
     #: Each rank of ``ranks`` → gate answers in a row that did not name it.
     absent: dict[str, int] = field(default_factory=dict)
@@ -44,16 +68,15 @@ class TargetState:
     #: used by the next poll: the server's own fan-out waits its own call timeout).
     answered: GateAnswer | None = None
     answered_at: float = 0.0
-    #: ``GET /fault_tolerance/status`` (``fault``): at the server's root for a plugin target.
-    fault_read: FaultRead = field(init=False)
 
     def __post_init__(self) -> None:
-        root = server_root(self.target.url) if self.plugin else self.target.url
-        self.fault_read = FaultRead(self.target.label, root, per_rank=self.plugin)
+        # vLLM serves its fault-tolerance route at the server's root; each rank its own status.
+        root = server_root(self.target.url)
+        self.fault_read = FaultRead(self.target.label, root, per_rank=True)
 
     def labels(self) -> list[str]:
-        """This target's engine labels: one per engine of a plugin target, once known."""
-        if self.plugin and self.ranks:
+        """One engine per rank once the server named them; the target's label before."""
+        if self.ranks:
             return [engine_label(self.target.label, r) for r in self.ranks]
         return [self.target.label]
 
@@ -68,3 +91,8 @@ class TargetState:
         self.ranks = sorted(self.absent, key=int)
         kept = set(self.labels())
         return [label for label in before if label not in kept]
+
+
+def target_state(target: HttpTarget) -> TargetState:
+    """The state of ``target``'s kind: a plugin-enabled server or a dev-routes server."""
+    return PluginTargetState(target) if is_plugin_url(target.url) else TargetState(target)

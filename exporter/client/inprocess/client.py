@@ -34,12 +34,14 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     SHUTTING_DOWN,
+    STOPPING,
     Capabilities,
     ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
     check_allowed,
+    stopping,
     timed_out,
 )
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
@@ -166,7 +168,7 @@ class InProcessFleetClient:
             wanted = set(engines)
             targets = [t for t in targets if t[0] in wanted]
         if self.core.dead() or self._closed:
-            error = ENGINE_CORE_DEAD if not self._closed else "the exporter is stopping"
+            error = ENGINE_CORE_DEAD if not self._closed else STOPPING
             return [EngineOutcome(label, Outcome.DISCONNECTED, error=error) for label, _ in targets]
         started = time.perf_counter()
         results: dict[str, EngineOutcome] = {}
@@ -220,6 +222,8 @@ class InProcessFleetClient:
 
     def _outcome(self, label: str, task: asyncio.Task[Any], elapsed: float) -> EngineOutcome:
         if task.cancelled():
+            if self._closed:
+                return stopping(label)
             return EngineOutcome(label, Outcome.DISCONNECTED, error="call cancelled")
         exc = task.exception()
         if exc is None:

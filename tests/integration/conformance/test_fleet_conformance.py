@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from exporter.client.fleet import READ_METHODS, SHUTTING_DOWN, EngineOutcome, Outcome
+from exporter.client.fleet import READ_METHODS, SHUTTING_DOWN, STOPPING, EngineOutcome, Outcome
 from exporter.error import MethodNotAllowed
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING, is_cut
@@ -252,8 +252,22 @@ async def test_close_ends_the_calls_in_flight_and_leaves_nothing_pending(
     outcomes = await asyncio.wait_for(call, 5.0)
     assert time.monotonic() - started < SLACK_S, "the call waited for its 30 s deadline"
     assert [o.engine for o in outcomes] == fleet_kind.labels
-    assert outcomes[hung].outcome in (Outcome.TIMEOUT, Outcome.DISCONNECTED), outcomes[hung]
+    assert (outcomes[hung].outcome, outcomes[hung].error) == (Outcome.DISCONNECTED, STOPPING)
     await eventually(lambda: fleet_kind.pending() == 0, 5.0, "nothing left pending")
+
+
+async def test_a_call_after_close_sends_nothing_and_says_the_exporter_is_stopping(
+    fleet_kind: FleetKind,
+) -> None:
+    await asyncio.wait_for(fleet_kind.close_client(), 5.0)
+    before = fleet_kind.requests()
+    outcomes = await asyncio.wait_for(
+        fleet_kind.client.call_utility("is_sleeping", timeout_s=1.0), 5.0
+    )
+    assert [(o.engine, o.outcome, o.error) for o in outcomes] == [
+        (label, Outcome.DISCONNECTED, STOPPING) for label in fleet_kind.labels
+    ]
+    assert fleet_kind.requests() == before
 
 
 async def test_an_engine_without_the_method_is_unsupported(

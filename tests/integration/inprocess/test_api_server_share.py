@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.embed.shared import ProcessShare
-from exporter.embed.vllm_facts import ApiServer
+from exporter.inprocess.shared import ProcessShare
+from exporter.inprocess.vllm_facts import ApiServer
 from exporter.sim.options import SimOptions
 from tests.harness.plugin_app import (
     TOKEN,
@@ -300,7 +300,7 @@ async def test_a_write_in_flight_at_stop_leaves_no_file(
         finally:
             done.set()
 
-    monkeypatch.setattr("exporter.embed.shared.os.replace", slow_replace)
+    monkeypatch.setattr("exporter.inprocess.shared.os.replace", slow_replace)
     share = ProcessShare(str(tmp_path), 1, list, lambda: 0)
     task = asyncio.create_task(share.run(0.05))
     assert await asyncio.to_thread(entered.wait, WAIT_S)

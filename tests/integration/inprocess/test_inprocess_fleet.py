@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.sim_vllm import EngineDeadError
-from exporter.client.fleet import READ_METHODS, EngineOutcome, Outcome
+from exporter.client.fleet import READ_METHODS, STOPPING, EngineOutcome, Outcome
 from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
 from exporter.error import MethodNotAllowed
 from exporter.sim.options import SimOptions, SimReply
@@ -244,11 +244,11 @@ async def test_close_cancels_a_fan_out_in_progress(sim_vllm_factory: SimVllmFact
     got = await asyncio.wait_for(pending, 2)
     assert time.monotonic() - started < 1.0  # not the 5 s timeout
     assert kinds(got) == ["ok", "disconnected", "ok"]
-    assert got[1].error == "call cancelled"
+    assert got[1].error == STOPPING
     await eventually(lambda: client.in_flight == {}, timeout_s=2, what="the cancellation")
     after = await client.call_utility("is_sleeping", timeout_s=TIMEOUT)
     assert kinds(after) == ["disconnected"] * 3
-    assert all(o.error == "the exporter is stopping" for o in after)
+    assert all(o.error == STOPPING for o in after)
     assert sim.calls()[1] == 1  # nothing sent after close
 
 

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from exporter.base.logs import AUDIT_LOGGER, FIELDS_ATTR
-from exporter.embed.plugin import DpExporterPlugin
+from exporter.inprocess.plugin import DpExporterPlugin
 from tests.harness.inprocess import start_sim_vllm_fleet
 from tests.harness.plugin_app import TOKEN, WAIT_S, serve, server_url, stop_server
 

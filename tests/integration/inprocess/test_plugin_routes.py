@@ -24,9 +24,9 @@ import pytest
 from fastapi import FastAPI
 
 from exporter.control.actions import ACTIONS
-from exporter.embed.plugin import DpExporterPlugin
-from exporter.embed.routes import NO_TOKEN
 from exporter.fleetstate.invariants import INVARIANTS
+from exporter.inprocess.plugin import DpExporterPlugin
+from exporter.inprocess.routes import NO_TOKEN
 from exporter.sim.options import RequestHook, SimOptions, SimReply
 from tests.harness.plugin_app import (
     TOKEN,

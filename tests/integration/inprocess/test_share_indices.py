@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.embed.shared import ProcessShare
+from exporter.inprocess.shared import ProcessShare
 from tests.harness.plugin_app import PluginApp, plugin_env, start_with_fleet, vllm_series
 from tests.harness.scrape import metric_value, parse_metrics
 

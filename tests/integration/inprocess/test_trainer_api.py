@@ -1,4 +1,4 @@
-"""``exporter.embed.start_exporter`` inside the process that owns a (simulated) ``AsyncLLM``:
+"""``exporter.inprocess.start_exporter`` inside the process that owns a (simulated) ``AsyncLLM``:
 the service ``serve`` runs, over real HTTP on loopback, against the ``AsyncLLM``'s own
 engine-core client (real ZMQ to simulated engines)."""
 
@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 
 from exporter.base.ports import free_listen_port
-from exporter.embed import start_exporter
-from exporter.embed.vllm_facts import check_loop
 from exporter.error import ConfigError, StartupError
+from exporter.inprocess import start_exporter
+from exporter.inprocess.vllm_facts import check_loop
 from exporter.sim.options import SimOptions
 from exporter.web.app import RunningService
 from tests.harness.inprocess import (

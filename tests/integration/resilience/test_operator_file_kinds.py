@@ -30,8 +30,8 @@ import pytest
 from exporter.base.ports import free_listen_port
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.config.webconfig import load_web_config
-from exporter.embed.runtime import InProcessRuntime, plugin_config
 from exporter.error import ConfigError
+from exporter.inprocess.runtime import InProcessRuntime, plugin_config
 from exporter.remote.credentials import Credentials
 from tests.harness.processes import ROOT, clean_env, python_cmd
 
@@ -178,7 +178,7 @@ async def test_the_plugin_reads_its_settings_off_the_event_loop(
         await asyncio.sleep(0)
         ticked.set()
 
-    monkeypatch.setattr("exporter.embed.runtime.plugin_config", slow_plugin_config)
+    monkeypatch.setattr("exporter.inprocess.runtime.plugin_config", slow_plugin_config)
     runtime = InProcessRuntime({"VLLM_DP_EXPORTER_ADMIN_TOKEN_FILE": str(token)})
     started = time.monotonic()
     await asyncio.wait_for(asyncio.gather(runtime.start(object(), None), tick()), WAIT_S)

@@ -9,7 +9,7 @@ from exporter.client.http.plugin import (
     GateAnswer,
     follow_ranks,
 )
-from exporter.client.http.target import HttpTarget, TargetState
+from exporter.client.http.target import HttpTarget, PluginTargetState, target_state
 
 
 def test_a_rank_missing_from_three_answers_in_a_row_is_dropped() -> None:
@@ -37,7 +37,8 @@ def test_a_target_never_holds_more_than_1024_ranks_the_named_ones_first() -> Non
 
 
 def test_one_answer_moves_the_ranks_once_whichever_read_method_reads_it() -> None:
-    state = TargetState(HttpTarget("a", "http://127.0.0.1:9/dp"), plugin=True)
+    state = target_state(HttpTarget("a", "http://127.0.0.1:9/dp"))
+    assert isinstance(state, PluginTargetState)
     assert state.labels() == ["a"]
     first = GateAnswer(200, b"", 0.0)
     assert state.follow(first, ["0", "1"]) == ["a"]  # the target stood for its engines
@@ -49,3 +50,11 @@ def test_one_answer_moves_the_ranks_once_whichever_read_method_reads_it() -> Non
     assert state.labels() == ["a/0", "a/1"]
     assert state.follow(GateAnswer(200, b"", 0.0), ["0"]) == ["a/1"]
     assert state.labels() == ["a/0"]
+
+
+def test_a_dev_routes_url_is_one_engine_and_a_plugin_url_its_ranks() -> None:
+    plain = target_state(HttpTarget("b", "http://127.0.0.1:9"))
+    assert not isinstance(plain, PluginTargetState) and plain.labels() == ["b"]
+    assert plain.fault_read.server_url == "http://127.0.0.1:9" and not plain.fault_read.per_rank
+    plugin = target_state(HttpTarget("a", "http://127.0.0.1:9/dp"))
+    assert plugin.fault_read.server_url == "http://127.0.0.1:9" and plugin.fault_read.per_rank

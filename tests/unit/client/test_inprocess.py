@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import SHUTTING_DOWN, Outcome
+from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome
 from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT, InProcessFleetClient
 from exporter.client.inprocess.vllm_core import (
     REQUIRED_NAMES,
@@ -345,7 +345,7 @@ async def test_close_reaches_calls_of_a_fan_out_still_waiting() -> None:
     assert client.in_flight == {"1": 1}
     await client.close()
     got = await asyncio.wait_for(pending, 1)
-    assert (got[1].outcome, got[1].error) == (Outcome.DISCONNECTED, "call cancelled")
+    assert (got[1].outcome, got[1].error) == (Outcome.DISCONNECTED, STOPPING)
     assert client.in_flight == {}
 
 

@@ -26,7 +26,7 @@ PACKAGES: dict[str, set[str]] = {
     "web": {"error", "base", "config", "client", "fleetstate", "metrics", "control"},
     "sim": {"error", "base", "protocol", "client"},
     # In-process mode's fronts (the vLLM endpoint plugin, the trainer API): what serve runs.
-    "embed": {"error", "base", "config", "client", "metrics", "control", "web"},
+    "inprocess": {"error", "base", "config", "client", "metrics", "control", "web"},
     # A client of the exporter's HTTP surface (ctl, the demo's trainer, training scripts): it
     # knows the exporter only through its answers, never its internals.
     "remote": {"error", "config"},

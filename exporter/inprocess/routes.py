@@ -10,7 +10,8 @@ vLLM's ``--api-key`` protects only ``/v1`` routes, so the admin routes refuse to
 without the plugin's own token (``VLLM_DP_EXPORTER_ADMIN_TOKEN_FILE``); with it, they take the
 admin listener's whole path (constant-time token check, failed attempts throttled, bounded
 body, single flight, Idempotency-Key, rate limits, audit). The throttle and the audit take the
-connection's peer address, not one a forwarding header put in its place (``exporter.embed.peer``).
+connection's peer address, not one a forwarding header put in its place
+(``exporter.inprocess.peer``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from fastapi.responses import RedirectResponse, Response
 from multidict import CIMultiDict
 
 from exporter.control.actions import ACTIONS, ActionSpec
-from exporter.embed.peer import FORWARDED_FOR, Peer, request_peer
-from exporter.embed.runtime import InProcessRuntime
+from exporter.inprocess.peer import FORWARDED_FOR, Peer, request_peer
+from exporter.inprocess.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest

@@ -18,8 +18,8 @@ from typing import Any
 
 from exporter.config.settings import DERIVED, ENV_PREFIX, ServeConfig, resolve_config
 from exporter.control.runtime import Exporter
-from exporter.embed.vllm_facts import core_of
 from exporter.error import ConfigError
+from exporter.inprocess.vllm_facts import core_of
 from exporter.web.app import RunningService, start_service
 
 DEFAULT_LISTEN = "127.0.0.1:19400"

@@ -20,11 +20,11 @@ from exporter.base.logs import configure_embedded_logging
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
-from exporter.embed.peer import audit_with_peer
-from exporter.embed.shared import ProcessShare
-from exporter.embed.trainer import inprocess_config
-from exporter.embed.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
 from exporter.error import ExporterError
+from exporter.inprocess.peer import audit_with_peer
+from exporter.inprocess.shared import ProcessShare
+from exporter.inprocess.trainer import inprocess_config
+from exporter.inprocess.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminController
 

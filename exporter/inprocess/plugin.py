@@ -3,7 +3,7 @@
 ``pip install vllm-dp-exporter`` into vLLM's environment and start vLLM with
 ``VLLM_PLUGINS=dp_exporter``: each API server process polls every DP engine through its own
 engine-core client and serves ``/dp/...`` and the ``vllm_dp_*`` series on vLLM's port
-(``exporter.embed.routes``). Without the allow-list entry vLLM never imports this module.
+(``exporter.inprocess.routes``). Without the allow-list entry vLLM never imports this module.
 
 vLLM calls ``attach_router(app)`` while it builds the app and ``init_state(engine_client,
 state, args)`` once its state is ready, both in its event loop; an exception from either would
@@ -21,8 +21,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from exporter.embed.routes import add_routes
-from exporter.embed.runtime import InProcessRuntime
+from exporter.inprocess.routes import add_routes
+from exporter.inprocess.runtime import InProcessRuntime
 
 log = logging.getLogger("exporter.inprocess")
 
