@@ -18,6 +18,8 @@ deployments, one per test class, each started once and stopped when its class en
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -40,10 +42,10 @@ from e2e.inprocess import (
     wait_every_api_server,
     write_token,
 )
-from e2e.procs import ProcessGroup
+from e2e.procs import ProcessGroup, first_exited
 from e2e.traffic import LongGeneration, complete, paused_keeping_requests, start_long_generations
 from e2e.vllm_features import ENDPOINT_PLUGIN_OVERRIDES, ENDPOINT_PLUGINS
-from e2e.vllm_runtime import VllmRuntime
+from e2e.vllm_runtime import VllmRuntime, engine_core_pids
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -407,6 +409,37 @@ class TestPluginInVllmServe:
         after_action()
         gate(endpoint, 200, paused="false", sleeping="false", weight_version="rl-7")
         wait_both_servers(endpoint, "is_scheduler_paused", False, "awake")
+        assert complete(served.api_url, PROMPT, 8)["usage"]["completion_tokens"] == 8
+
+    def test_scenario11_a_stopped_engine_is_hung_in_each_api_server_then_routable(
+        self, served: PluginServer
+    ) -> None:
+        """SIGSTOP on rank 1's engine process: each API server's plugin reads it ``hung``
+        (connected: vLLM's client has not marked it dead) and leaves it out of /dp/routable and
+        /dp/readyz?engine=1, rank 0 routable; SIGCONT: routable again in both servers."""
+        endpoint = served.endpoint
+        pid = engine_core_pids(served.server)[1]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(4):  # both API servers answer some of these, each for itself
+
+                def hung() -> dict[str, Any] | None:
+                    doc: dict[str, Any] = web.get(f"{endpoint.url}/dp/routable").json()
+                    reasons = {e["engine"]: e["reasons"] for e in doc["engines"]}
+                    stuck = any(r.startswith("hung:") for r in reasons["1"])
+                    return doc if stuck and doc["routable_engines"] == ["0"] else None
+
+                web.wait_for(hung, 90, "rank 1 hung", abort=lambda: first_exited(served.server))
+            assert web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 503
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(4):
+            web.wait_for(
+                lambda: web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 200,
+                90,
+                "rank 1 routable again",
+                abort=lambda: first_exited(served.server),
+            )
         assert complete(served.api_url, PROMPT, 8)["usage"]["completion_tokens"] == 8
 
 

@@ -7,6 +7,8 @@ port; the exporter has its own client slot on both engines. Started once for the
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,14 +21,14 @@ import zmq
 from e2e import web
 from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
 from e2e.ports import free_port, free_port_range
-from e2e.procs import Managed, ProcessGroup
+from e2e.procs import Managed, ProcessGroup, first_exited
 from e2e.traffic import (
     LongGeneration,
     complete,
     paused_keeping_requests,
     start_long_generations,
 )
-from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
+from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, engine_core_pids, wait_api_ready
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -341,3 +343,45 @@ def test_scenario9_kv_events_targets_and_reset_times(relay: RelayDeployment) -> 
         for sub in subs:
             sub.close()
         context.term()
+
+
+def test_scenario11_a_stopped_engine_is_hung_not_down_then_routable_again(
+    relay: RelayDeployment,
+) -> None:
+    """SIGSTOP on rank 1's engine process (a frozen busy loop: vLLM's /health stays 200): it
+    becomes ``hung`` within --hung-after (automatic: 5 s here) plus two polls, not
+    disconnected or dead; rank 0 keeps answering; no inconsistency is counted; /routable and
+    /readyz?engine=1 leave it out. SIGCONT: routable again within a few polls, by itself."""
+    exporter = relay.exporter
+    pid = engine_core_pids(relay.engines)[1]
+    before = exporter.scrape().total("vllm_dp_inconsistent_utility_results_total")
+    handshakes = exporter.status()["engines"][1]["handshakes"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+
+        def hung() -> dict[str, Any] | None:
+            doc = exporter.status()
+            return doc if doc["engines"][1]["state"] == "hung" else None
+
+        doc = web.wait_for(hung, 60, "rank 1 hung", abort=lambda: first_exited(relay.engines))
+        one, zero = doc["engines"][1], doc["engines"][0]
+        assert one["connected"] and one["unresponsive_seconds"] >= 5, one
+        assert not one["routable"]["routable"]
+        assert zero["state"] == "awake" and zero["up"] and zero["routable"]["routable"], zero
+        routable = web.get(f"{exporter.url}/routable").json()
+        assert routable["routable_engines"] == ["0"], routable
+        assert web.get(f"{exporter.url}/readyz?engine=1").status == 503
+        assert web.get(f"{exporter.url}/readyz?engine=0").status == 200
+        after = exporter.scrape()
+        assert after.total("vllm_dp_inconsistent_utility_results_total") == before
+        assert after.value("vllm_dp_engine_state", engine="1", state="hung") == 1.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    def routable_again() -> bool:
+        return web.get(f"{exporter.url}/readyz?engine=1").status == 200
+
+    web.wait_for(
+        routable_again, 60, "rank 1 routable again", abort=lambda: first_exited(relay.engines)
+    )
+    assert exporter.status()["engines"][1]["handshakes"] == handshakes  # no new handshake

@@ -94,6 +94,8 @@ class ServeConfig:
     action_timeout: float = 60.0
     verify_weights_timeout: float = 300.0
     gate_min_interval: float = 0.2
+    #: Seconds without any answer, connection alive, before a rank is hung (0: automatic).
+    hung_after: float = 0.0
     relay_allow_state_changes: bool = False
     web_config_file: str | None = None
     log_level: str = DEFAULT_LEVEL
@@ -172,6 +174,12 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ),
     ("verify_weights_timeout", float, "seconds to wait for every engine's weight checksums"),
     ("gate_min_interval", float, "GET /gate runs at most one fresh fan-out this often (seconds)"),
+    (
+        "hung_after",
+        float,
+        "a connected rank that answered nothing for this long is hung (seconds; 0: three poll "
+        "intervals, at least the call timeout)",
+    ),
     (
         "relay_allow_state_changes",
         parse_switch,

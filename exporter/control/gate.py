@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
@@ -76,6 +76,8 @@ class Sample:
     fault_status: Mapping[str, FaultStatus] | None = None
     #: The read methods this sample asked for (a gate's conditions need only theirs).
     asked: frozenset[str] = frozenset()
+    #: Engine → seconds without any answer, for the engines the poller reads as hung.
+    hung: Mapping[str, float] = field(default_factory=dict)
 
 
 def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool]:
@@ -94,6 +96,8 @@ def _engine_failures(
 ) -> tuple[list[str], dict[str, Any]]:
     failures: list[str] = []
     values: dict[str, Any] = {}
+    if engine in sample.hung:
+        failures.append(f"hung: no answer for {sample.hung[engine]:.0f} s")
     if HEALTHY in conditions:
         failure, values[HEALTHY] = _health_failure(engine, conditions[HEALTHY], sample)
         if failure is not None:
@@ -218,10 +222,13 @@ class Gate:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         reader: FleetRead | None = None,
+        hung: Callable[[], Mapping[str, float]] = dict,
     ) -> None:
         self._client = client
         #: The poller's read (one memory of unsupported methods), or one of the gate's own.
         self._reader = reader if reader is not None else FleetRead(client)
+        #: The engines the poller reads as hung (seconds without an answer), for the reasons.
+        self._hung = hung
         self._timeout_s = timeout_s
         self._min_interval_s = min_interval_s
         self._clock = clock
@@ -263,7 +270,9 @@ class Gate:
                 for d in client.engine_details()  # read after the fan-out: the freshest
                 if d.fault_status is not None
             }
-        sample = Sample(outcomes, engines, self._wall(), self._clock(), faults, wanted)
+        sample = Sample(
+            outcomes, engines, self._wall(), self._clock(), faults, wanted, dict(self._hung())
+        )
         self._last = sample
         return sample
 

@@ -13,8 +13,9 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient
+from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.control.fleetread import FleetRead
+from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
@@ -44,6 +45,7 @@ class Poller:
         wall_clock: Callable[[], float] = time.time,
         log_interval_s: float = INCONSISTENCY_LOG_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        hung_after: float = 0.0,
     ) -> None:
         self._client = client
         self._stats = stats
@@ -57,6 +59,10 @@ class Poller:
         self._warned_at: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
+        #: ``--hung-after`` in effect (0: three poll intervals, at least the call timeout).
+        self.hung_after_s = hung_after_s(hung_after, interval_s, call_timeout_s)
+        #: Engine → when it last answered any call while connected (or was first seen so).
+        self._last_answer: dict[str, float] = {}
         #: The engines of the last poll (``_forget_gone``).
         self._engine_set: set[str] = set()
         #: The one read of the fleet, with its memory of unsupported methods (the gate's too).
@@ -129,6 +135,24 @@ class Poller:
         self._publish(snap, results)
         return snap
 
+    def _unresponsive(
+        self,
+        engine: str,
+        detail: EngineDetail,
+        answers: dict[str, EngineOutcome],
+        now: float,
+    ) -> float:
+        """Seconds ``engine`` has been connected without answering any call (0 when it
+        answered this poll, or is not connected: then it is disconnected or dead, not hung)."""
+        if not detail.connected:
+            self._last_answer.pop(engine, None)
+            return 0.0
+        if any(o.outcome in (Outcome.OK, Outcome.FAILED) for o in answers.values()):
+            self._last_answer[engine] = now
+            return 0.0
+        since = self._last_answer.setdefault(engine, now)
+        return max(0.0, now - since)
+
     def _forget_gone(self, engines: Iterable[str]) -> None:
         """Engines no longer in the fleet (HTTP mode: ranks a plugin-enabled server stopped
         naming): forget what this poller and the counters keep of them (bounded series)."""
@@ -138,6 +162,8 @@ class Poller:
         self._engine_set = current
         for engine in [e for e in self._last_success if e not in current]:
             del self._last_success[engine]
+        for engine in [e for e in self._last_answer if e not in current]:
+            del self._last_answer[engine]
         self._stats.keep_engines(current)
 
     def _build(
@@ -159,7 +185,18 @@ class Poller:
                 self._last_success[engine] = now
             unsupported = self.reader.unsupported_by(engine)
             last_success = self._last_success.get(engine)
-            engines.append(EngineSnapshot(engine, detail, answers, last_success, unsupported))
+            silent = self._unresponsive(engine, detail, answers, now)
+            engines.append(
+                EngineSnapshot(
+                    engine,
+                    detail,
+                    answers,
+                    last_success,
+                    unsupported,
+                    unresponsive_s=silent,
+                    hung=silent >= self.hung_after_s,
+                )
+            )
         verdicts = {}
         for method, outcomes in results.items():
             everywhere = self.reader.unsupported_everywhere(method, details)

@@ -96,6 +96,7 @@ class Exporter:
             interval_s=config.poll_interval,
             call_timeout_s=config.call_timeout,
             jitter=config.poll_jitter,
+            hung_after=config.hung_after,
         )
         self.collector = ExporterCollector(
             lambda: self.poller.snapshot,
@@ -115,6 +116,9 @@ class Exporter:
             timeout_s=config.call_timeout,
             min_interval_s=config.gate_min_interval,
             reader=self.poller.reader,  # one memory of what each engine does not have
+            hung=lambda: {
+                e.engine: e.unresponsive_s for e in self.poller.snapshot.engines if e.hung
+            },
         )
         self.stats.preset(self.client.engine_labels)
         # Start the failure series of the loops every exporter runs at 0 (increase() sees 1).

@@ -20,6 +20,10 @@ class EngineSnapshot:
     last_success_unix: float | None
     #: Invariant methods this engine's vLLM does not have.
     unsupported: frozenset[str] = frozenset()
+    #: Seconds since its last answer to any call while its connection is alive (0 while it
+    #: answers or is not connected), and whether that is past ``--hung-after``.
+    unresponsive_s: float = 0.0
+    hung: bool = False
 
     @property
     def sleeping_outcome(self) -> EngineOutcome | None:
@@ -59,7 +63,10 @@ class EngineSnapshot:
 
     @property
     def state(self) -> str:
-        """awake | asleep | paused | unknown (vLLM's is_sleeping is also true while paused)."""
+        """awake | asleep | paused | hung | unknown (vLLM's is_sleeping is also true while
+        paused; hung: connected, but no answer for ``--hung-after``)."""
+        if self.hung:
+            return "hung"
         if self.sleeping is None:
             return "unknown"
         if self.paused:

@@ -33,8 +33,9 @@ from exporter.inprocess.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest
-from exporter.web.app import gate_answer, readiness, status_document
+from exporter.web.app import ROUTABLE_CACHE, gate_answer, readiness, status_document
 from exporter.web.kvtargets import kv_events_targets
+from exporter.web.statusdoc import routable_document
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -100,8 +101,16 @@ class PluginHandlers:
         exporter = self.runtime.exporter
         if exporter is None:
             return _unavailable(self.runtime)
-        code, body = readiness(exporter)
+        code, body = readiness(exporter, request.query_params.getlist("engine"))
         return json_response(body, status=code)
+
+    async def routable(self, request: Request) -> Response:
+        """Every rank's routable verdict from the last poll (as the service's /routable)."""
+        exporter = self.runtime.exporter
+        if exporter is None:
+            return _unavailable(self.runtime)
+        doc = routable_document(exporter.poller.snapshot)
+        return json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
 
     async def kv_events(self, request: Request) -> Response:
         exporter = self.runtime.exporter
@@ -175,7 +184,13 @@ def route_table(h: PluginHandlers) -> list[PluginRoute]:
         PluginRoute("GET", f"{PREFIX}/healthz", h.healthz, "The plugin answers"),
         PluginRoute("GET", f"{PREFIX}/gate", h.gate, "The safe-to-resume gate"),
         PluginRoute(
-            "GET", f"{PREFIX}/readyz", h.readyz, "Whether every engine answered the last poll"
+            "GET",
+            f"{PREFIX}/readyz",
+            h.readyz,
+            "Whether every engine answered the last poll (?engine=N: whether rank N is routable)",
+        ),
+        PluginRoute(
+            "GET", f"{PREFIX}/routable", h.routable, "Which ranks should take traffic, and why not"
         ),
         PluginRoute(
             "GET",

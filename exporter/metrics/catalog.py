@@ -32,7 +32,7 @@ class MetricSpec:
         return self.name
 
 
-ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
+ENGINE_STATES = ("awake", "asleep", "paused", "hung", "unknown")
 #: Registration facts shown as ``vllm_dp_engine_info`` labels: one series per engine whatever
 #: their values (a per-start ``instance_id`` is in /status only: it would add a series per
 #: restart).
@@ -90,8 +90,23 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engine_state",
         "gauge",
         ("engine", "state"),
-        "1 for the engine's current state (awake, asleep, paused, unknown), 0 for the "
-        "others: one series per state, for timelines.",
+        "1 for the engine's current state (awake, asleep, paused, hung, unknown), 0 for the "
+        "others: one series per state, for timelines. hung: its connection is alive but it "
+        "answered no call for --hung-after seconds (docs/activity.md).",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_unresponsive_seconds",
+        "gauge",
+        ("engine",),
+        "Seconds since the engine last answered any call while its connection is alive (0 "
+        "while it answers, or while it is disconnected: then it is not hung).",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_routable",
+        "gauge",
+        ("engine",),
+        "1 when the engine should take traffic: it answered the last poll, is not hung, is "
+        "awake, not paused, and no fault-tolerance status says otherwise (GET /routable).",
     ),
     MetricSpec(
         "vllm_dp_engine_last_success_timestamp_seconds",

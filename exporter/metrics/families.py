@@ -27,6 +27,7 @@ from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import ClientCounters, EngineDetail
 from exporter.client.pushes import FT_STATE_VALUES
+from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import FleetState
 from exporter.fleetstate.invariants import WEIGHT_VERSION
 from exporter.fleetstate.snapshot import FleetSnapshot
@@ -110,6 +111,8 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
     sleeping = b.family("vllm_dp_engine_sleeping")
     paused = b.family("vllm_dp_engine_paused")
     state = b.family("vllm_dp_engine_state")
+    silent = b.family("vllm_dp_engine_unresponsive_seconds")
+    routable = b.family("vllm_dp_engine_routable")
     last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
     info = b.family("vllm_dp_engine_info")
     weights = b.family("vllm_dp_engine_weight_version_info")
@@ -123,6 +126,9 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
         current = e.state
         for s in ENGINE_STATES:
             b.add(state, (e.engine, s), 1.0 if s == current else 0.0)
+        if snap.poll_number:  # after the first poll (before it, nothing is known)
+            b.add(silent, engine, round(e.unresponsive_s, 3))
+            b.add(routable, engine, 1.0 if routability(e).routable else 0.0)
         if e.last_success_unix is not None:
             b.add(last_ok, engine, e.last_success_unix)
         d = e.detail

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.remote.errorbase import InvalidAnswer
 from exporter.remote.results import Fields, find_engine
 
 #: The invariants every poll checks (``aggregate.<method>``, each engine's ``invariants``).
@@ -70,7 +71,7 @@ class EngineInvariant:
 @dataclass(frozen=True)
 class EngineStatus:
     """One engine's row: connected, answering (``up``), its state (``awake``, ``asleep``,
-    ``paused``, ``unknown``) and its invariants."""
+    ``paused``, ``hung``, ``unknown``), its invariants and whether it should take traffic."""
 
     engine: str
     connected: bool
@@ -84,6 +85,11 @@ class EngineStatus:
     #: reported) and ``fault_info`` (docs/fault-tolerance.md).
     fault_status: str | None = None
     fault_info: str | None = None
+    #: Whether a router should send it traffic and why not (None: an exporter older than
+    #: this field; docs/activity.md), and seconds since it last answered while connected.
+    routable: bool | None = None
+    unroutable_reasons: tuple[str, ...] = ()
+    unresponsive_seconds: float | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -97,6 +103,10 @@ class EngineStatus:
         f = Fields(data, where)
         invariants = f.mapping("invariants")
         ft = Fields(f.mapping("fault_tolerance"), f"{where}.fault_tolerance")
+        route = Fields(f.mapping("routable"), f"{where}.routable")
+        reasons = route.data.get("reasons") or []
+        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+            raise InvalidAnswer(f"{where}.routable.reasons must be a list of strings")
         return cls(
             engine=f.label(),
             connected=f.truth("connected"),
@@ -111,6 +121,9 @@ class EngineStatus:
             },
             fault_status=ft.text("status"),
             fault_info=ft.text("fault_info"),
+            routable=route.flag("routable", None),
+            unroutable_reasons=tuple(reasons),
+            unresponsive_seconds=f.number("unresponsive_seconds"),
             raw=f.data,
         )
 

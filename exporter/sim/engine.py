@@ -46,6 +46,8 @@ from exporter.sim.state import Deferred, EngineState, UtilityFailure
 from exporter.sim.story import run_story
 
 log = logging.getLogger("exporter.sim")
+#: How often a frozen engine (``SimOptions.frozen``) looks whether it was thawed.
+FROZEN_CHECK_S = 0.02
 
 EXECUTOR_FAILED_TYPE = b"\x04"
 #: What a coordinated (MoE) DP engine reports: its DP size in the registration and, in READY,
@@ -235,6 +237,8 @@ class SimEngine:
 
     async def _busy_loop(self) -> None:
         while True:
+            while self.options.frozen:  # a stopped process: nothing runs until it thaws
+                await asyncio.sleep(FROZEN_CHECK_S)
             client_index, call_id, method, args = await self._queue.get()
             self.calls += 1
             self.calls_by_method[method] = self.calls_by_method.get(method, 0) + 1

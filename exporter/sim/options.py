@@ -42,6 +42,8 @@ class SimOptions:
     refuse_reset: bool = False
     reply_delay_s: float = 0.0
     hang: bool = False  # read requests, never answer
+    #: A stopped process (SIGSTOP): requests wait unread, answered in order once thawed.
+    frozen: bool = False
     dead_after_calls: int | None = None  # ENGINE_CORE_DEAD after N utility calls, then exit
     exit_after_calls: int | None = None  # silent exit after N utility calls
     shutdown_window_s: float = 0.0  # after stop(): answer "Server shutting down" this long

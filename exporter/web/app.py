@@ -1,4 +1,5 @@
 """The HTTP service: ``create_app(config)`` → /metrics, /healthz, /readyz, /status, /gate,
+/routable,
 /kv_events_targets and ``/``.
 
 Background work (the attach client, the poller, the admin listener) lives in ``cleanup_ctx``, so
@@ -25,7 +26,7 @@ from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import status_json
+from exporter.web.statusdoc import engine_readiness, routable_document, status_json
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -34,6 +35,8 @@ log = logging.getLogger("exporter.server")
 EXPORTER_KEY = web.AppKey("exporter", Exporter)
 ADMIN_URL_KEY = web.AppKey("admin_url", str)
 MAX_REQUEST_BYTES = 16 * 1024
+#: ``GET /routable`` is computed from the last poll: a router polling it every second may cache.
+ROUTABLE_CACHE = "max-age=1"
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -64,9 +67,14 @@ async def gate_answer(exporter: Exporter, query: Mapping[str, list[str]]) -> tup
     return await exporter.gate.check(conditions)
 
 
-def readiness(exporter: Exporter) -> tuple[int, dict[str, Any]]:
-    """``/readyz``: 200 when every expected engine answered the last poll, else 503."""
+def readiness(exporter: Exporter, engines: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+    """``/readyz``: 200 when every expected engine answered the last poll, else 503;
+    ``/readyz?engine=N``: 200 while rank N is routable (``statusdoc.engine_readiness``)."""
     snap = exporter.poller.snapshot
+    if engines:
+        if len(engines) > 1:
+            return 400, {"error": "engine given more than once"}
+        return engine_readiness(snap, engines[0])
     body = {
         "ready": snap.ready,
         "engines_expected": snap.expected,
@@ -81,8 +89,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    status, body = readiness(request.app[EXPORTER_KEY])
+    status, body = readiness(request.app[EXPORTER_KEY], request.query.getall("engine", []))
     return web.json_response(body, status=status)
+
+
+async def routable(request: web.Request) -> web.Response:
+    """Every rank's routable verdict from the last poll (``statusdoc.routable_document``)."""
+    doc = routable_document(request.app[EXPORTER_KEY].poller.snapshot)
+    return web.json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
 
 
 def status_document(exporter: Exporter) -> dict[str, Any]:
@@ -129,6 +143,7 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/gate", gate)
+    app.router.add_get("/routable", routable)
     app.router.add_get("/kv_events_targets", kv_events)
     app.router.add_get("/", index)
     # --web-config-file: basic auth on every path but /healthz and /readyz (TLS: the site's).

@@ -17,6 +17,7 @@ from exporter import __version__
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
+from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, Invariant
@@ -110,6 +111,8 @@ def engine_json(
         "connected": e.detail.connected,
         "up": e.up,
         "state": e.state,
+        "unresponsive_seconds": round(e.unresponsive_s, 3),
+        "routable": routable_json(e),
         "last_success_unix": e.last_success_unix,
         "seconds_since_last_success": since,
         "vllm_version": e.detail.vllm_version,
@@ -125,6 +128,34 @@ def engine_json(
         "membership_event": membership_json(e.detail.membership),
         "pushes": dict(e.detail.pushes),
     }
+
+
+def routable_json(e: EngineSnapshot) -> dict[str, Any]:
+    """Whether a router should send ``e`` traffic, and why not (``fleetstate.activity``)."""
+    verdict = routability(e)
+    return {"routable": verdict.routable, "reasons": list(verdict.reasons)}
+
+
+def routable_document(snap: FleetSnapshot) -> dict[str, Any]:
+    """``GET /routable``: every expected rank's verdict from the last poll (cheap: no call)."""
+    engines = [{"engine": e.engine, **routable_json(e)} for e in snap.engines]
+    return {
+        "poll": snap.poll_number,
+        "taken_at_unix": snap.taken_at_unix or None,
+        "routable_engines": [e["engine"] for e in engines if e["routable"]],
+        "engines": engines,
+    }
+
+
+def engine_readiness(snap: FleetSnapshot, engine: str) -> tuple[int, dict[str, Any]]:
+    """``GET /readyz?engine=N``: 200 while rank ``engine`` is routable, 503 with the reasons,
+    404 for an engine this exporter does not know."""
+    found = next((e for e in snap.engines if e.engine == engine), None)
+    if found is None:
+        known = [e.engine for e in snap.engines]
+        return 404, {"error": f"no engine {engine[:64]!r} (known: {', '.join(known)})"}
+    body = {"engine": engine, "poll": snap.poll_number, **routable_json(found)}
+    return (200 if body["routable"] else 503), body
 
 
 def registration_json(detail: EngineDetail) -> dict[str, Any]:

@@ -126,6 +126,18 @@ class FleetKind:
         """Engine ``i`` reads requests and never answers."""
         raise NotImplementedError
 
+    async def recover(self, i: int) -> None:
+        """Engine ``i``, hung, answers again (the calls it read meanwhile stay unanswered)."""
+        raise NotImplementedError
+
+    async def freeze(self, i: int) -> None:
+        """Engine ``i`` stops as a process stopped with SIGSTOP: nothing it is sent is read."""
+        await self.hang(i)
+
+    async def thaw(self, i: int) -> None:
+        """Engine ``i`` runs again (SIGCONT) and answers what waited, in order."""
+        await self.recover(i)
+
     async def fail(self, i: int, text: str) -> None:
         """Engine ``i`` answers every call with the failure ``text``."""
         raise NotImplementedError
@@ -257,6 +269,15 @@ class SimEngineKind(FleetKind):
 
     async def hang(self, i: int) -> None:
         self.engines[i].options.hang = True
+
+    async def recover(self, i: int) -> None:
+        self.engines[i].options.hang = False
+
+    async def freeze(self, i: int) -> None:
+        self.engines[i].options.frozen = True
+
+    async def thaw(self, i: int) -> None:
+        self.engines[i].options.frozen = False
 
     async def fail(self, i: int, text: str) -> None:
         _engine_fault(self.engines[i], SimReply(failure=text))
@@ -445,6 +466,9 @@ class HttpKind(FleetKind):
     async def hang(self, i: int) -> None:
         self.servers[i].sim.engine_options[0].hang = True
 
+    async def recover(self, i: int) -> None:
+        self.servers[i].sim.engine_options[0].hang = False
+
     async def fail(self, i: int, text: str) -> None:
         self.servers[i].sim.options.failures[0] = text
 
@@ -575,6 +599,18 @@ class HttpPluginKind(FleetKind):
 
     async def hang(self, i: int) -> None:
         self.sim.engines[i].options.hang = True
+        await self._fresh()
+
+    async def recover(self, i: int) -> None:
+        self.sim.engines[i].options.hang = False
+        await self._fresh()
+
+    async def freeze(self, i: int) -> None:
+        self.sim.engines[i].options.frozen = True
+        await self._fresh()
+
+    async def thaw(self, i: int) -> None:
+        self.sim.engines[i].options.frozen = False
         await self._fresh()
 
     async def fail(self, i: int, text: str) -> None:

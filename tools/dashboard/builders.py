@@ -16,6 +16,7 @@ ENGINE_STATES = (
     ("asleep", 1, "blue"),
     ("paused", 2, "yellow"),
     ("unknown", 3, "orange"),
+    ("hung", 4, "red"),  # connected, no answer for --hung-after (docs/activity.md)
 )
 #: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}).
 FT_STATUSES = (

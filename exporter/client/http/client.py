@@ -200,8 +200,7 @@ class HttpFleetClient:
         results: list[EngineOutcome] = []
         for s in states:
             task = tasks[s.target.label]
-            if task.cancelled():
-                s.connected = False
+            if task.cancelled():  # slow, not gone: a server that stops answering reads as hung
                 results.extend(timed_out(label, timeout_s) for label in s.labels())
                 continue
             exc = task.exception()

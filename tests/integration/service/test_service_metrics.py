@@ -11,7 +11,7 @@ from tests.harness.scrape import metric_value as value
 from tests.harness.scrape import samples
 from tests.harness.service import CALL_TIMEOUT, ServiceFactory
 
-ENGINE_STATES = ("awake", "asleep", "paused", "unknown")
+ENGINE_STATES = ("awake", "asleep", "paused", "hung", "unknown")
 
 
 async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: ServiceFactory) -> None:
@@ -24,7 +24,7 @@ async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: Service
         states = {
             s.labels["state"]: s.value for s in samples(m, "vllm_dp_engine_state", engine=engine)
         }
-        assert states == {"awake": 1.0, "asleep": 0.0, "paused": 0.0, "unknown": 0.0}
+        assert states == {"awake": 1.0, "asleep": 0.0, "paused": 0.0, "hung": 0.0, "unknown": 0.0}
         info = samples(m, "vllm_dp_engine_info", engine=engine)
         assert [
             (s.labels["vllm_version"], s.labels["enable_sleep_mode"], s.value) for s in info
@@ -109,8 +109,10 @@ async def test_inconsistency_counter_counts_polls_not_scrapes(
     assert value(m, "vllm_dp_sleep_state_consistent") == 1.0
 
 
-async def test_hung_engine_is_unknown_not_inconsistent(fleet_factory: ServiceFactory) -> None:
-    fleet = await fleet_factory(3)
+async def test_a_silent_engine_is_unknown_not_inconsistent(fleet_factory: ServiceFactory) -> None:
+    """An engine that stops answering reads unknown until --hung-after passes (then hung:
+    tests/integration/service/test_service_activity.py); never inconsistent."""
+    fleet = await fleet_factory(3, hung_after=60.0)
     fleet.engines[2].options.hang = True
     await fleet.next_polls()
     m = await fleet.scrape()

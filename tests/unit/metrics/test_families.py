@@ -10,7 +10,7 @@ from typing import Any
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
-from exporter.metrics.catalog import BY_NAME
+from exporter.metrics.catalog import BY_NAME, ENGINE_STATES
 from exporter.metrics.families import (
     ExporterCollector,
     Family,
@@ -48,7 +48,7 @@ def test_an_unknown_engine_has_no_sleeping_series_and_its_state_says_unknown() -
     assert rows(fams, "vllm_dp_engine_paused") == {("0",): 1.0}
     states = rows(fams, "vllm_dp_engine_state")
     assert [s for (e, s), v in states.items() if v == 1.0] == ["paused", "unknown"]
-    assert len(states) == 8  # every state of every engine, one of them 1
+    assert len(states) == 2 * len(ENGINE_STATES)  # every state of every engine, one of them 1
 
 
 def test_the_weight_version_series_names_the_version_of_an_engine_that_is_up() -> None:

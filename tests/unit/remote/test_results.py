@@ -240,3 +240,20 @@ def test_missing_keys_take_their_defaults() -> None:
     gate = GateResult.from_json(200, {"engines": [{}]})
     assert gate.ok and gate.engines[0].engine == "" and not gate.engines[0].ok
     assert GateResult.from_json(412, {"ok": True}).ok is False  # the status is the verdict
+
+
+def test_an_engine_s_routable_verdict_and_hung_state() -> None:
+    """docs/activity.md: the row says whether a router should send it traffic, and why not."""
+    row = {
+        **STATUS["engines"][0],
+        "state": "hung",
+        "unresponsive_seconds": 42.5,
+        "routable": {"routable": False, "reasons": ["hung: no answer for 42 s"]},
+    }
+    engine = Status.from_json({**STATUS, "engines": [row]}).engine(0)
+    assert (engine.state, engine.routable, engine.unresponsive_seconds) == ("hung", False, 42.5)
+    assert engine.unroutable_reasons == ("hung: no answer for 42 s",)
+    old = Status.from_json(STATUS).engine(0)  # an exporter before this field
+    assert old.routable is None and old.unroutable_reasons == ()
+    with pytest.raises(InvalidAnswer):
+        Status.from_json({**STATUS, "engines": [{**row, "routable": {"reasons": [1]}}]})
