@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -145,9 +146,7 @@ class ProcessShare:
                 return None
             if stale:
                 return None  # a process that is gone (or stopped publishing)
-            with open(entry.path, "rb") as handle:
-                data = handle.read(MAX_FILE_BYTES + 1)
-            return families_from_json(data)
+            return families_from_json(read_regular(entry.path, MAX_FILE_BYTES + 1))
         except OSError:
             return None  # replaced or removed while read: the next scrape reads it
         except BadShare as exc:
@@ -159,3 +158,24 @@ class ProcessShare:
         if now - self._warned.get(key, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned[key] = now
             log.warning("%s", message)
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``, a regular file checked on the opened descriptor
+    (a file swapped for a FIFO or a link after the directory was listed is refused, never
+    waited on); ``OSError`` otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
