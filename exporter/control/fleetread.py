@@ -16,6 +16,8 @@ from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outc
 from exporter.fleetstate.invariants import INVARIANTS, is_unsupported, require_type
 
 log = logging.getLogger("exporter.poller")
+#: Every read method: what each poll asks, and a gate without conditions.
+ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
 #: The failure text of an engine not asked because it said it has no such method.
 KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
 

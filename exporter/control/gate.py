@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
+from exporter.control.fleetread import ALL_METHODS as ALL_METHODS  # a bare gate asks these
 from exporter.control.fleetread import FleetRead
 from exporter.control.verdicts import UNSUPPORTED_STATUS
 from exporter.fleetstate.invariants import (
@@ -196,11 +197,6 @@ def evaluate(
     return (200 if ok else 412), body
 
 
-#: Every read method: a gate without conditions reports every engine's values (the answer
-#: HTTP mode reads from a plugin-enabled server's ``/dp/gate``).
-ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
-
-
 def needed_methods(conditions: Mapping[str, Any]) -> frozenset[str] | None:
     """The read methods ``conditions`` need (pure): ``is_sleeping`` always (every engine must
     answer), plus each condition's own; None (every method) without conditions."""
@@ -265,11 +261,9 @@ class Gate:
         outcomes = {method: {o.engine: o for o in got} for method, got in results.items()}
         faults = None
         if client.capabilities.fault_status:
-            faults = {
-                d.engine: d.fault_status
-                for d in client.engine_details()  # read after the fan-out: the freshest
-                if d.fault_status is not None
-            }
+            # Read again after the fan-out: HTTP mode refreshes each server's status with it.
+            after = client.engine_details()
+            faults = {d.engine: d.fault_status for d in after if d.fault_status is not None}
         sample = Sample(
             outcomes, engines, self._wall(), self._clock(), faults, wanted, dict(self._hung())
         )

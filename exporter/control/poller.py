@@ -14,18 +14,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
-from exporter.control.fleetread import FleetRead
+from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
-from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
+from exporter.fleetstate.invariants import SLEEPING, is_unsupported
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.metrics.stats import Stats
 
 log = logging.getLogger("exporter.poller")
 
-#: Every read method: what each poll asks.
-ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
 #: The inconsistency warning (every engine's value) is logged at most once per method this
 #: often; the polls in between are counted in the next line (and always in the metrics).
 INCONSISTENCY_LOG_INTERVAL_S = 60.0
@@ -70,6 +68,7 @@ class Poller:
         self._snapshot: FleetSnapshot | None = None
         #: Snapshots republished between polls (``republish``): part of the render cache key.
         self.republished = 0
+        self._republish_pending = False
         #: The fleet's state over the last hour (the status page's timeline).
         self.history = FleetHistory()
         self._wake = asyncio.Event()
@@ -86,6 +85,23 @@ class Poller:
                 client.capabilities.fault_status,
             )
         return self._snapshot
+
+    def republish_soon(self) -> None:
+        """``republish`` once for every push read in one go: a flood of status changes from
+        one engine costs one copy of the engines' details per loop turn, not one per push."""
+        if self._republish_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.republish()
+            return
+        self._republish_pending = True
+        loop.call_soon(self._republish_now)
+
+    def _republish_now(self) -> None:
+        self._republish_pending = False
+        self.republish()
 
     def republish(self) -> None:
         """Publish the last poll again with every engine's details read afresh (what engines

@@ -174,7 +174,7 @@ class Exporter:
 
     def _on_status_change(self) -> None:
         """What an engine pushed changed: publish it at once, asking no engine anything."""
-        self.poller.republish()
+        self.poller.republish_soon()
 
     async def start(self) -> None:
         await self.client.start()

@@ -99,10 +99,10 @@ def read_rank_status(value: Any, rank: int) -> RankStatus:
     cannot be read is ``FT_UNKNOWN`` with the reason in ``problem``: never healthy, never
     dropped. The caller has checked that the value belongs to ``rank``."""
     if not isinstance(value, dict):
-        return _unreadable(rank, f"not a map but {_kind(value)}")
+        return unreadable(rank, f"not a map but {_kind(value)}")
     status = value.get("status")
     if status not in FT_STATUSES:
-        return _unreadable(rank, f"unknown fault-tolerance status {_kind(status)}")
+        return unreadable(rank, f"unknown fault-tolerance status {_kind(status)}")
     info = _text(value.get("fault_info"))
     error = _text(value.get("ft_error"))
     if error:
@@ -120,11 +120,11 @@ def decode_ft_status(value: Any, engine_index: int) -> RankStatus:
             "bad_push", f"fault-tolerance status for engine {rank} on engine {engine_index}"
         )
     if rank is None and isinstance(value, dict):
-        return _unreadable(engine_index, f"names engine {_kind(value.get('id'))}")
+        return unreadable(engine_index, f"names engine {_kind(value.get('id'))}")
     return read_rank_status(value, engine_index)
 
 
-def _unreadable(rank: int, why: str) -> RankStatus:
+def unreadable(rank: int, why: str) -> RankStatus:
     return RankStatus(rank, FT_UNKNOWN, UNREADABLE + why, problem=why)
 
 

@@ -9,7 +9,7 @@ named).
 A server without the route (404/405: fault tolerance off, or an older vLLM) is asked again
 after it was unreachable, or after ``FT_RECHECK_S``. An answer that cannot be read (another
 status, a 5xx, not JSON, a garbled entry) makes the ranks it covers ``unknown`` (never healthy,
-never the last status kept) and is counted (``BAD_FT_ANSWER``). Nothing here raises into a
+never the last status kept) and is counted (``BAD_FT_STATUS``). Nothing here raises into a
 poll.
 """
 
@@ -34,7 +34,6 @@ log = logging.getLogger("exporter.http")
 FT_ROUTE = Route("GET", "/fault_tolerance/status")
 #: A server that answered 404/405 there is asked again after this long (or a reconnection).
 FT_RECHECK_S = 300.0
-BAD_FT_ANSWER = BAD_FT_STATUS
 
 
 @dataclass(slots=True)
@@ -110,7 +109,7 @@ class FaultStatusReader:
             for rank in ranks:
                 if rank.problem is not None:
                     self._faults.record(
-                        BAD_FT_ANSWER, f"target {read.label} rank {rank.rank}: {rank.problem}"
+                        BAD_FT_STATUS, f"target {read.label} rank {rank.rank}: {rank.problem}"
                     )
             if found is not None:
                 self._pushes.set_fault_status(read.label, *found)
@@ -120,13 +119,13 @@ class FaultStatusReader:
             rank_status = by_label.get(label)
             if rank_status is None:
                 self._pushes.set_unknown(label, "unreadable status: not in the server's answer")
-                self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {label} not named")
+                self._faults.record(BAD_FT_STATUS, f"target {read.label}: {label} not named")
             else:
-                self._pushes.record(label, rank_status, BAD_FT_ANSWER)
+                self._pushes.record(label, rank_status, BAD_FT_STATUS)
 
     def _unreadable(self, read: FaultRead, labels: list[str], why: str) -> None:
         """An answer that cannot be read as a whole: no rank's status is known (fail closed:
         every engine of the target ``unknown``, never the last status kept), counted."""
-        self._faults.record(BAD_FT_ANSWER, f"target {read.label}: {why}")
+        self._faults.record(BAD_FT_STATUS, f"target {read.label}: {why}")
         for label in labels if read.per_rank else [read.label]:
             self._pushes.set_unknown(label, f"unreadable status: {why}")

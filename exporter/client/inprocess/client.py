@@ -91,7 +91,8 @@ class InProcessFleetClient:
         connected = not self.core.dead()
         where = f"in-process (vLLM client {self.core.client_index})"
         kv_events = self.core.kv_event_sources()
-        self._read_fault_statuses()
+        labels = [label for label, _ in self.core.engines()]
+        self._read_fault_statuses(labels)
         faults = self.pushes.fault_status
         return [
             EngineDetail(
@@ -104,7 +105,7 @@ class InProcessFleetClient:
                 kv_events=kv_events.get(label),
                 fault_status=faults.get(label),
             )
-            for label, _ in self.core.engines()
+            for label in labels
         ]
 
     def connected_count(self) -> int:
@@ -124,11 +125,11 @@ class InProcessFleetClient:
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return {}
 
-    def _read_fault_statuses(self) -> None:
+    def _read_fault_statuses(self, labels: list[str]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this
         client manages (dict lookups): a rank without an entry is forgotten, an unreadable
         entry is ``unknown`` and counted."""
-        ranks = [int(label) for label in self.engine_labels]
+        ranks = [int(label) for label in labels]
         statuses = self.core.fault_statuses(ranks)
         if statuses is None:
             return

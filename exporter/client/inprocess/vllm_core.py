@@ -30,11 +30,10 @@ from typing import Any
 from exporter.error import ConfigError, ProtocolError
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 from exporter.protocol.pushes import (
-    FT_UNKNOWN,
-    UNREADABLE,
     RankStatus,
     entry_rank,
     read_rank_status,
+    unreadable,
 )
 
 log = logging.getLogger("exporter.inprocess")
@@ -170,9 +169,7 @@ class VllmCore:
                 continue
             named = entry_rank(entry)
             if named is not None and named != rank:
-                found[rank] = RankStatus(
-                    rank, FT_UNKNOWN, f"{UNREADABLE}names engine {named}", f"names engine {named}"
-                )
+                found[rank] = unreadable(rank, f"names engine {named}")
             else:
                 found[rank] = read_rank_status(entry, rank)
         return found

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from exporter.client.http.client import HttpFleetClient
-from exporter.client.http.fault import BAD_FT_ANSWER
 from exporter.client.http.replies import MAX_FT_ANSWER
+from exporter.client.pushes import BAD_FT_STATUS
 from exporter.control.attach import parse_targets
 from exporter.protocol.pushes import FT_STATE_VALUES
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
@@ -193,7 +193,7 @@ async def test_an_unreadable_answer_fails_closed(
     assert (await gate(ex))[0] == 200
     client = ex.exporter.client
     assert isinstance(client, HttpFleetClient)
-    counted = client.faults.counts.get(BAD_FT_ANSWER, 0)
+    counted = client.faults.counts.get(BAD_FT_STATUS, 0)
     apis[0].sim.ft_answer = body
     await ex.fresh_poll()
     await ex.fresh_poll()
@@ -202,7 +202,7 @@ async def test_an_unreadable_answer_fails_closed(
     assert "unreadable status" in state["entries"]["first"]["fault_info"]
     assert state["series"]["first"] == one_hot("unknown")
     assert state["series"]["middle"] == one_hot("healthy")
-    assert client.faults.counts.get(BAD_FT_ANSWER, 0) >= counted + 2
+    assert client.faults.counts.get(BAD_FT_STATUS, 0) >= counted + 2
     status, body_ = await gate(ex)
     assert status == 412 and body_["failing_engines"] == ["first"], body_
     apis[0].sim.ft_answer = None
@@ -224,7 +224,7 @@ async def test_a_fault_info_that_is_not_text_keeps_the_status(
     await ex.fresh_poll()
     entry = (await ft_state(ex))["entries"]["middle"]
     assert entry["status"] == "dead" and entry["fault_info"] == "rank 0: {'a': [1]}"
-    assert client.faults.counts.get(BAD_FT_ANSWER, 0) == 0
+    assert client.faults.counts.get(BAD_FT_STATUS, 0) == 0
     status, body = await gate(ex)
     assert status == 412 and body["failing_engines"] == ["middle"]
 

@@ -110,6 +110,11 @@ def busy_port() -> Iterator[int]:
         ({"poll_jitter": math.nan}, "--poll-jitter"),
         ({"relay_upstream_timeout": math.nan}, "--relay-upstream-timeout"),
         ({"start_rank": -1}, "--start-rank"),
+        ({"hung_after": -1}, "--hung-after"),
+        ({"hung_after": math.nan}, "--hung-after"),
+        ({"hung_after": math.inf}, "--hung-after"),
+        ({"hung_after": 10**9}, "--hung-after"),
+        ({"hung_after": "soon"}, "--hung-after"),
     ],
 )
 def test_unsafe_numbers_are_refused(settings: dict[str, Any], flag: str) -> None:

@@ -69,6 +69,20 @@ async def test_republish_shows_what_engines_pushed_without_asking_any_engine() -
     assert snap.engines[1].outcomes == polled.engines[1].outcomes
 
 
+async def test_a_burst_of_pushes_is_republished_once_per_loop_turn() -> None:
+    fleet = ReportingFleet(answers(awake(ENGINES)), engines=ENGINES)
+    poller = poller_over(fleet)
+    await poller.poll_once()
+    for n in range(100):  # a flood read in one go: the last status is what gets published
+        fleet.fault_status["1"] = FaultStatus("unhealthy", f"E{n}", 7.0)
+        poller.republish_soon()
+    assert poller.republished == 0  # nothing copied while the flood is read
+    await asyncio.sleep(0)  # one turn of the loop
+    assert poller.republished == 1
+    ft = poller.snapshot.engines[1].detail.fault_status
+    assert ft is not None and ft.fault_info == "E99"
+
+
 async def test_a_method_every_engine_lacks_is_unknown_without_an_error() -> None:
     values = awake(ENGINES)
     for per_engine in values.values():
