@@ -145,7 +145,8 @@ def report(rows: Sequence[dict[str, float]], args: argparse.Namespace, command: 
     lines += [
         "",
         "CPU per poll is this process's CPU time with the runtime minus without it, per "
-        "completed poll (three read methods on every engine, the snapshot, the history); "
+        "completed poll (every read method on every engine: is_sleeping, is_scheduler_paused, "
+        "get_weight_version, has_work; the snapshot, the history); "
         "it includes the simulated engine-core client's own work on the wire, which vLLM's "
         "client does in the real process. The lag's maximum with the runtime is the longest "
         "synchronous stretch of a poll (building and publishing its snapshot); noisy values "

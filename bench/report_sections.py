@@ -110,8 +110,9 @@ def cpu_tables(report: Report) -> list[str]:
         "",
         "In-process: `time.process_time()` (all threads of the exporter process, including the "
         "libzmq I/O thread; the engines run in other processes) around back-to-back "
-        "`Poller.poll_once()` calls (one poll = aggregated `is_sleeping` + `is_scheduler_paused`, "
-        "concurrently, plus snapshot and stats).",
+        "`Poller.poll_once()` calls (one poll = every read method on every engine, concurrently: "
+        "`is_sleeping`, `is_scheduler_paused`, `get_weight_version` and `has_work`, plus "
+        "snapshot and stats).",
         "",
         "| N engines | polls | CPU per poll | CPU per poll per engine | wall per poll |",
         "|---:|---:|---:|---:|---:|",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -44,6 +45,13 @@ class EngineDeadError(Exception):
 @dataclass
 class Resources:
     engine_dead: bool = False
+    #: vLLM's subscription to the DP coordinator's counts (``start_coordinator``).
+    stats_update_task: asyncio.Task[None] | None = None
+
+
+#: How often vLLM's DP coordinator publishes the engines' counts (its ``stats_update_interval``
+#: is 100 ms).
+COORDINATOR_INTERVAL_S = 0.1
 
 
 class SimEngineCore:
@@ -66,6 +74,10 @@ class SimEngineCore:
         self._calls: set[asyncio.Task[list[EngineOutcome]]] = set()
         #: vLLM 0.33's locally-cached engine status (``AsyncMPClient.__init__``).
         self._engine_status: dict[int, dict[str, Any]] = {}
+        #: vLLM's load-balancing table, ``[waiting, running, kv_cache_usage]`` per managed
+        #: rank; live only once ``start_coordinator`` runs (as vLLM's internal balancing).
+        self.engine_ranks_managed = list(ranks)
+        self.lb_engines: list[list[int | float]] = [[0, 0, 0.0] for _ in ranks]
         if fault_tolerance:
             self.enable_fault_tolerance()
 
@@ -77,6 +89,25 @@ class SimEngineCore:
     def set_engine_status(self, rank: int, status: str, fault_info: str | None = None) -> None:
         """Rank ``rank``'s sentinel pushed ``status``: vLLM stores the payload as it came."""
         self._engine_status[rank] = encode_ft_status_value(rank, status, fault_info)
+
+    def start_coordinator(
+        self,
+        counts_of: Callable[[int], tuple[int, int]],
+        interval_s: float = COORDINATOR_INTERVAL_S,
+    ) -> None:
+        """Subscribe to a simulated DP coordinator: every ``interval_s`` the table takes each
+        managed rank's ``(running, waiting)`` from ``counts_of(rank)``, as vLLM's stats task
+        takes the coordinator's publication (``lb_engines``)."""
+
+        async def publish() -> None:
+            while True:
+                self.lb_engines = [
+                    [waiting, running, 0.0]
+                    for running, waiting in map(counts_of, self.engine_ranks_managed)
+                ]
+                await asyncio.sleep(interval_s)
+
+        self.resources.stats_update_task = asyncio.ensure_future(publish())
 
     async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
         if self.resources.engine_dead:
@@ -136,6 +167,9 @@ class SimEngineCore:
             await asyncio.sleep(0.02)
 
     async def close(self) -> None:
+        stats = self.resources.stats_update_task
+        if stats is not None:
+            stats.cancel()
         for task in list(self._calls):
             task.cancel()
         await self._wire.close()

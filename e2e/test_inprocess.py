@@ -30,6 +30,12 @@ from typing import Any
 import pytest
 
 from e2e import plugin_install, web
+from e2e.activity import (
+    ActivityLog,
+    activities,
+    generation_is_work_then_drains,
+    pause_wait_during_generation,
+)
 from e2e.inprocess import (
     NOT_ALLOWED_WARNING,
     Endpoint,
@@ -441,6 +447,48 @@ class TestPluginInVllmServe:
                 abort=lambda: first_exited(served.server),
             )
         assert complete(served.api_url, PROMPT, 8)["usage"]["completion_tokens"] == 8
+
+    @pytest.mark.vllm_needs("has_work")
+    def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
+        self, served: PluginServer
+    ) -> None:
+        """One long streamed generation: the rank vLLM's internal load balancer gave it has
+        work in /dp/status (``running`` ≥ 1, from the front end's load-balancing table) and
+        ``vllm_dp_engine_has_work`` 1 on vLLM's /metrics, the other is drained (0 and 0);
+        ``/dp/gate?drained=true`` 412 naming that rank alone with its counts; 200 again within
+        60 s of the stream's end (e2e/activity.py)."""
+        endpoint = served.endpoint
+
+        def busy_rank() -> str | None:
+            acts = activities(endpoint.status())
+            running = [e for e, a in acts.items() if (a["running"] or 0) >= 1]
+            return running[0] if len(running) == 1 else None
+
+        with ActivityLog(endpoint.status) as log:
+            seen = generation_is_work_then_drains(
+                endpoint, served.api_url, busy_rank, counts_known=True, log=log
+            )
+        print(
+            f"scenario 12a (in-process): rank {seen.busy} busy, seen "
+            f"+{seen.seen_after_s:.1f}s after the request; {seen.generation.timeline(log.since)}"
+            f"; gate 200 {seen.drained_after_s:.2f}s after the stream ended; "
+            f"timeline: {log.timeline()}"
+        )
+
+    @pytest.mark.vllm_needs("has_work", "pause_scheduler", "resume_scheduler")
+    def test_scenario12b_pause_wait_answers_once_the_generation_finished(
+        self, served: PluginServer
+    ) -> None:
+        """``POST /dp/admin/pause?mode=wait`` (with the token) during a long generation:
+        answered once it finished, every engine paused and drained (verified); resumed through
+        ``/dp/admin/resume``, completions flow again."""
+        with ActivityLog(served.endpoint.status) as log:
+            seen = pause_wait_during_generation(served.endpoint, served.api_url)
+        print(
+            f"scenario 12b (in-process): pause answered after {seen.pause_took_s:.1f}s, the "
+            f"stream ended {seen.stream_end_after_answer_s:+.2f}s from the answer; "
+            f"{seen.generation.timeline(log.since)}; timeline: {log.timeline()}"
+        )
 
 
 # -- 8b: installed, configured, not allow-listed ------------------------------------------------

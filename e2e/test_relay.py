@@ -1,4 +1,4 @@
-"""Relay mode beside a real stock vLLM front end (docs/e2e.md, scenarios 3 and 4).
+"""Relay mode beside a real stock vLLM front end (docs/e2e.md, scenarios 3, 4, 9, 11 and 12).
 
 The front end serves completions from 2 headless engines that dialled the exporter's relay
 port; the exporter has its own client slot on both engines. Started once for the module.
@@ -19,9 +19,14 @@ import pytest
 import zmq
 
 from e2e import web
+from e2e.activity import (
+    ActivityLog,
+    generation_is_work_then_drains,
+    pause_wait_during_generation,
+)
 from e2e.exporter_proc import ExporterProc, relay_args, start_exporter
 from e2e.ports import free_port, free_port_range
-from e2e.procs import Managed, ProcessGroup, first_exited
+from e2e.procs import Managed, ProcessGroup, cli_flags, first_exited
 from e2e.traffic import (
     LongGeneration,
     complete,
@@ -71,10 +76,14 @@ def relay(
         runtime.front_end(front_handshake, api_port),
         runtime.env({"VLLM_SERVER_DEV_MODE": "1"}),
     )
+    # State changes allowed: scenario 12b pauses (mode=wait) and resumes through the exporter.
     exporter = start_exporter(
         procs,
         "exporter",
-        relay_args(relay_port, front_handshake, free_port_range(3), state_file),
+        [
+            *relay_args(relay_port, front_handshake, free_port_range(3), state_file),
+            *cli_flags(relay_allow_state_changes="true"),
+        ],
     )
     # KV events on (scenario 9): each engine binds its publisher on a free loopback port
     # (tcp://*:0 with VLLM_HOST_IP: vLLM resolves it to that address) and registers it.
@@ -385,3 +394,56 @@ def test_scenario11_a_stopped_engine_is_hung_not_down_then_routable_again(
         routable_again, 60, "rank 1 routable again", abort=lambda: first_exited(relay.engines)
     )
     assert exporter.status()["engines"][1]["handshakes"] == handshakes  # no new handshake
+
+
+def front_end_running(api: str) -> dict[str, float]:
+    """Engine → the front end's own ``vllm:num_requests_running`` (one API server, so its
+    per-engine gauges have samples; fresh while the engines step): the ranks vLLM's load
+    balancer gave work."""
+    scrape = web.Scrape(web.get(f"{api}/metrics").body.decode())
+    return {
+        str(s.labels["engine"]): float(s.value)
+        for s in scrape.find("vllm:num_requests_running")
+        if "engine" in s.labels
+    }
+
+
+@pytest.mark.vllm_needs("has_work")
+def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
+    relay: RelayDeployment,
+) -> None:
+    """One long streamed generation: the rank the front end's own gauges say runs it has
+    work (``/status`` activity, ``vllm_dp_engine_has_work`` 1, and ``running`` ≥ 1: the relay
+    follows the DP coordinator's publication to the front end), the other is drained;
+    ``/gate?drained=true`` 412 naming that rank alone, with its counts; 200 again within 60 s
+    of the stream's end (e2e/activity.py)."""
+
+    def busy_rank() -> str | None:
+        running = [e for e, n in front_end_running(relay.api_url).items() if n >= 1]
+        return running[0] if len(running) == 1 else None
+
+    with ActivityLog(relay.exporter.status) as log:
+        seen = generation_is_work_then_drains(
+            relay.exporter, relay.api_url, busy_rank, counts_known=True, log=log
+        )
+    print(
+        f"scenario 12a (relay): rank {seen.busy} busy, seen +{seen.seen_after_s:.1f}s after "
+        f"the request; {seen.generation.timeline(log.since)}; gate 200 "
+        f"{seen.drained_after_s:.2f}s after the stream ended; timeline: {log.timeline()}"
+    )
+
+
+@pytest.mark.vllm_needs("has_work", "pause_scheduler", "resume_scheduler")
+def test_scenario12b_pause_wait_answers_once_the_generation_finished(
+    relay: RelayDeployment,
+) -> None:
+    """``POST /admin/pause?mode=wait`` during a long generation (this deployment's exporter
+    runs with --relay-allow-state-changes): answered once the generation finished, every
+    engine paused and drained (verified); resumed, completions flow again."""
+    with ActivityLog(relay.exporter.status) as log:
+        seen = pause_wait_during_generation(relay.exporter, relay.api_url)
+    print(
+        f"scenario 12b (relay): pause answered after {seen.pause_took_s:.1f}s, the stream "
+        f"ended {seen.stream_end_after_answer_s:+.2f}s from the answer; "
+        f"{seen.generation.timeline(log.since)}; timeline: {log.timeline()}"
+    )

@@ -40,6 +40,7 @@ UTILITY_METHODS = (
     "compute_weight_checksums",
     "reset_mm_cache",
     "reset_encoder_cache",
+    "has_work",
 )
 ENGINE_CLASSES = ("EngineCore", "EngineCoreProc", "DPEngineCoreProc")
 ENDPOINT_PLUGINS = "endpoint plugins"

@@ -15,12 +15,13 @@ from typing import Any, Protocol
 import msgspec
 
 from exporter.error import MethodNotAllowed
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.handshake import REGISTRATION_FACTS
 from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.pushes import FaultStatus, MembershipEvent
 
 #: Read-only methods: the poller and the gate send only these.
-READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version"})
+READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work"})
 #: State-changing and expensive methods: sent only by an operator's admin request.
 ACTION_METHODS = frozenset(
     {
@@ -124,6 +125,9 @@ class EngineDetail:
     membership: MembershipEvent | None = None
     #: Pushes received from it, by kind (``exporter.protocol.pushes.PUSH_KINDS``).
     pushes: tuple[tuple[str, int], ...] = ()
+    #: Its running and waiting requests as vLLM last published them (None: unknown here, or
+    #: this attach mode cannot know: ``Capabilities.request_counts``).
+    requests: RequestCounts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,9 @@ class Capabilities:
     #: It runs a supervised handshake loop (owner and relay mode): its failures are counted in
     #: ``vllm_dp_task_failures_total{task="handshake"}`` from the start.
     handshakes: bool = False
+    #: It learns each rank's running and waiting requests (``EngineDetail.requests``):
+    #: in-process (the front end's load-balancing counts) and HTTP mode (vLLM's ``/metrics``).
+    request_counts: bool = False
 
 
 #: A counter the client keeps of its own (``FleetClient.counters``): the metric family it is

@@ -9,6 +9,7 @@ the state) a read-back of that state on every engine; the verdicts are pure
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,12 +33,16 @@ from exporter.control.verdicts import (
     RESET_ANSWER,
     ActionVerdict,
     AnswerShape,
+    DrainReadback,
     add_comparisons,
     classify,
     classify_checksums,
+    drain_failure,
     no_engine_body,
     verdict_body,
 )
+from exporter.fleetstate.invariants import HAS_WORK, require_type
+from exporter.protocol.activity import RequestCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,47 @@ async def call_capable(
     return [by_engine[label] for label in labels if label in by_engine], frozenset(gaps)
 
 
+#: How often an action that waits for a drain reads ``has_work`` again while work is left.
+DRAIN_RECHECK_S = 0.2
+
+
+async def read_back(
+    client: FleetClient, request: ActionRequest, reached: list[str], timeout_s: float
+) -> tuple[dict[str, EngineOutcome], DrainReadback | None]:
+    """The state ``request.check`` reads on the engines the call ``reached`` and, for a
+    ``check_drained`` action, each one's ``has_work`` with its published counts. Both are read
+    at once; an engine that still has work is read again every ``DRAIN_RECHECK_S`` within
+    ``timeout_s`` (vLLM's pause answers once its own requests finished, while a DP wave or a
+    batch in flight may take a few steps more), so the answer comes once every rank drained,
+    or says which did not."""
+    if request.check is None or not reached:
+        return {}, ({} if request.check_drained else None)
+    deadline = time.monotonic() + timeout_s
+    check = client.call_utility(
+        request.check.invariant.method, timeout_s=timeout_s, engines=reached
+    )
+    if not request.check_drained:
+        return {o.engine: o for o in await check}, None
+    back, work = await asyncio.gather(check, _read_work(client, reached, timeout_s))
+    while True:
+        busy = [e for e, (o, counts) in work.items() if drain_failure((o, counts)) and o.ok]
+        left = deadline - time.monotonic()
+        if not busy or left <= DRAIN_RECHECK_S:
+            break
+        await asyncio.sleep(DRAIN_RECHECK_S)
+        work |= await _read_work(client, busy, left - DRAIN_RECHECK_S)
+    return {o.engine: o for o in back}, work
+
+
+async def _read_work(
+    client: FleetClient, engines: list[str], timeout_s: float
+) -> dict[str, tuple[EngineOutcome, RequestCounts | None]]:
+    """``has_work`` of ``engines`` (type-checked) with each one's published counts."""
+    read = await client.call_utility(HAS_WORK.method, timeout_s=timeout_s, engines=engines)
+    counts = {d.engine: d.requests for d in client.engine_details() if d.requests is not None}
+    return {o.engine: (o, counts.get(o.engine)) for o in require_type(HAS_WORK, read)}
+
+
 async def run_action(
     client: FleetClient,
     request: ActionRequest,
@@ -117,22 +163,15 @@ async def run_action(
     calls, not_sent = await call_capable(client, request.method, request.args, timeout_s)
     if all(o.outcome is Outcome.DISCONNECTED for o in calls):
         return ActionRun(503, no_engine_body(request.action, request.params, shape))
-    readback = None
+    readback = drain = None
     if request.check is not None:
         reached = [
             o.engine
             for o in calls
             if o.outcome is not Outcome.DISCONNECTED and o.engine not in not_sent
         ]
-        back = (
-            await client.call_utility(
-                request.check.invariant.method, timeout_s=timeout_s, engines=reached
-            )
-            if reached
-            else []
-        )
-        readback = {o.engine: o for o in back}
-    verdict = classify(request, calls, readback)
+        readback, drain = await read_back(client, request, reached, timeout_s)
+    verdict = classify(request, calls, readback, drain)
     duration = time.perf_counter() - started
     body = verdict_body(verdict, request.params, duration, shape)
     return ActionRun(verdict.status, body, verdict, duration)

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Collection, Mapping
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
-from exporter.fleetstate.invariants import INVARIANTS, is_unsupported, require_type
+from exporter.fleetstate.invariants import READS, is_unsupported, require_type
 
 log = logging.getLogger("exporter.poller")
 #: Every read method: what each poll asks, and a gate without conditions.
-ALL_METHODS = frozenset(inv.method for inv in INVARIANTS)
+ALL_METHODS = frozenset(inv.method for inv in READS)
 #: The failure text of an engine not asked because it said it has no such method.
 KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
 
@@ -48,7 +48,7 @@ class FleetRead:
         not to have a method is not asked; its outcome says so (``is_unsupported``)."""
         self._forget_restarted(details)
         client = self._client
-        asked = [inv for inv in INVARIANTS if inv.method in methods and client.supports(inv.method)]
+        asked = [inv for inv in READS if inv.method in methods and client.supports(inv.method)]
         calls, skipped = [], []
         for inv in asked:
             skip = self._unsupported.get(inv.method, {})

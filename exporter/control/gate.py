@@ -2,12 +2,13 @@
 
 Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
 ``paused=true|false``, ``healthy=true|false``: no rank reports an unhealthy, dead or unknown
-fault-tolerance status). The gate runs a **fresh** fan-out (never the cached poll), shared by
-concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is the pure verdict
-over that sample: 200 when every expected engine answered and meets every condition, 412
-naming the failing engines and conditions, 501 when no engine supports a condition (an older
-vLLM: waiting cannot help), 503 when no engine is connected. Only the read methods the
-conditions need are asked (every one without conditions).
+fault-tolerance status; ``drained=true|false``: every rank answered ``has_work`` false and no
+published request count says otherwise). The gate runs a **fresh** fan-out (never the cached
+poll), shared by concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is
+the pure verdict over that sample: 200 when every expected engine answered and meets every
+condition, 412 naming the failing engines and conditions, 501 when no engine supports a
+condition (an older vLLM: waiting cannot help), 503 when no engine is connected. Only the read
+methods the conditions need are asked (every one without conditions).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from exporter.control.fleetread import FleetRead
 from exporter.control.verdicts import UNSUPPORTED_STATUS
 from exporter.fleetstate.invariants import (
     BY_KEY,
-    INVARIANTS,
+    HAS_WORK,
+    READS,
     SLEEPING,
     Invariant,
     is_unsupported,
 )
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.pushes import FaultStatus
 
 
@@ -39,6 +42,10 @@ class GateRequestError(Exception):
 #: The condition on each engine's fault-tolerance status (not a polled invariant: it comes
 #: from what the engines push, ``EngineDetail.fault_status``).
 HEALTHY = "healthy"
+#: The condition on each engine's work (``has_work`` false, no request running or waiting).
+DRAINED = "drained"
+#: Conditions that are not one invariant's value, and the read method each needs (None: none).
+SPECIAL: dict[str, str | None] = {HEALTHY: None, DRAINED: HAS_WORK.method}
 
 
 def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -46,8 +53,8 @@ def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
     conditions: dict[str, Any] = {}
     for name, values in query.items():
         invariant = BY_KEY.get(name)
-        if invariant is None and name != HEALTHY:
-            known = ", ".join((*BY_KEY, HEALTHY))
+        if invariant is None and name not in SPECIAL:
+            known = ", ".join((*BY_KEY, *SPECIAL))
             raise GateRequestError(f"unknown condition {name!r} (known: {known})")
         if len(values) != 1:
             raise GateRequestError(f"condition {name!r} given more than once")
@@ -79,6 +86,9 @@ class Sample:
     asked: frozenset[str] = frozenset()
     #: Engine → seconds without any answer, for the engines the poller reads as hung.
     hung: Mapping[str, float] = field(default_factory=dict)
+    #: Engine → its running and waiting requests as vLLM last published them (absent:
+    #: unknown); None: this attach mode cannot know.
+    requests: Mapping[str, RequestCounts] | None = None
 
 
 def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool]:
@@ -92,6 +102,35 @@ def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | 
     return f"{HEALTHY}: fault tolerance reports {status}{why}, expected healthy={expected}", healthy
 
 
+def counts_text(counts: RequestCounts | None) -> str:
+    """``" (running 1, waiting 0)"``, or "" when the counts are not known."""
+    return "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
+
+
+def _drain_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool | None]:
+    """(failure or None, drained or None when unknown) of one engine for ``drained=expected``:
+    drained is ``has_work`` answered false with no published count above zero, by a rank that
+    answered ``is_sleeping`` too and is not hung (HTTP mode's ``has_work`` comes from the API
+    server's ``/metrics``, which keeps its last values while the engine hangs)."""
+    if engine in sample.hung:
+        return f"{DRAINED}: unknown, hung", None
+    alive = _unanswered(SLEEPING, sample.outcomes.get(SLEEPING.method, {}).get(engine))
+    if alive is not None:
+        return f"{DRAINED}: unknown, {alive}", None
+    o = sample.outcomes.get(HAS_WORK.method, {}).get(engine)
+    missing = _unanswered(HAS_WORK, o)
+    if missing is not None or o is None:
+        return f"{DRAINED}: unknown, {missing or HAS_WORK.key}", None
+    counts = (sample.requests or {}).get(engine)
+    drained = o.value is False and (counts is None or counts.total == 0)
+    if drained == expected:
+        return None, drained
+    if drained:
+        return f"{DRAINED}: no work, expected drained=false", drained
+    said = "has work" if o.value else "has_work false but requests published"
+    return f"{DRAINED}: {said}{counts_text(counts)}, expected drained=true", drained
+
+
 def _engine_failures(
     engine: str, conditions: Mapping[str, Any], sample: Sample
 ) -> tuple[list[str], dict[str, Any]]:
@@ -103,7 +142,11 @@ def _engine_failures(
         failure, values[HEALTHY] = _health_failure(engine, conditions[HEALTHY], sample)
         if failure is not None:
             failures.append(failure)
-    wanted: list[Invariant] = [BY_KEY[k] for k in conditions if k != HEALTHY]
+    if DRAINED in conditions:
+        failure, values[DRAINED] = _drain_failure(engine, conditions[DRAINED], sample)
+        if failure is not None:
+            failures.append(failure)
+    wanted: list[Invariant] = [BY_KEY[k] for k in conditions if k not in SPECIAL]
     if SLEEPING not in wanted:
         wanted.insert(0, SLEEPING)  # every engine must answer, conditions or not
     for invariant in wanted:
@@ -137,7 +180,7 @@ def _bare_reads(engine: str, sample: Sample) -> tuple[dict[str, Any], list[str]]
     missing (``unread``; not failures: only ``sleeping`` must answer). HTTP mode reads a
     plugin-enabled server's engines so."""
     values, unread = {}, []
-    for invariant in INVARIANTS:
+    for invariant in READS:
         o = sample.outcomes.get(invariant.method, {}).get(engine)
         missing = _unanswered(invariant, o)
         if missing is None and o is not None:
@@ -158,7 +201,8 @@ def unsupported_conditions(conditions: Mapping[str, Any], sample: Sample) -> lis
             if sample.fault_status is None:
                 found.append(key)
             continue
-        by_engine = sample.outcomes.get(BY_KEY[key].method, {})
+        method = HAS_WORK.method if key == DRAINED else BY_KEY[key].method
+        by_engine = sample.outcomes.get(method, {})
         if all(
             (o := by_engine.get(engine)) is None or is_unsupported(o) for engine in sample.engines
         ):
@@ -177,6 +221,8 @@ def evaluate(
         entry = {"engine": engine, "ok": not failures, "values": values, "failures": failures}
         if not conditions:
             entry["values"], entry["unread"] = _bare_reads(engine, sample)
+        counts = (sample.requests or {}).get(engine)
+        entry["requests"] = None if counts is None else counts.json()
         engines.append(entry)
         if failures:
             failing.append(engine)
@@ -202,7 +248,12 @@ def needed_methods(conditions: Mapping[str, Any]) -> frozenset[str] | None:
     answer), plus each condition's own; None (every method) without conditions."""
     if not conditions:
         return None
-    return frozenset({SLEEPING.method, *(BY_KEY[k].method for k in conditions if k != HEALTHY)})
+    methods = {SLEEPING.method}
+    for key in conditions:
+        method = SPECIAL[key] if key in SPECIAL else BY_KEY[key].method
+        if method is not None:
+            methods.add(method)
+    return frozenset(methods)
 
 
 class Gate:
@@ -264,8 +315,19 @@ class Gate:
             # Read again after the fan-out: HTTP mode refreshes each server's status with it.
             after = client.engine_details()
             faults = {d.engine: d.fault_status for d in after if d.fault_status is not None}
+        requests = None
+        if client.capabilities.request_counts:
+            after = client.engine_details()  # HTTP mode reads the counts with has_work
+            requests = {d.engine: d.requests for d in after if d.requests is not None}
         sample = Sample(
-            outcomes, engines, self._wall(), self._clock(), faults, wanted, dict(self._hung())
+            outcomes,
+            engines,
+            self._wall(),
+            self._clock(),
+            faults,
+            wanted,
+            dict(self._hung()),
+            requests,
         )
         self._last = sample
         return sample

@@ -42,6 +42,10 @@ class ActionRequest:
     check: Check | None = None
     #: The engine's own answer must be ``True`` (``reset_prefix_cache``).
     expect_true: bool = False
+    #: Also read ``has_work`` back: it must be false (mode ``wait``: the pause answered once
+    #: in-flight work finished, so work left is a request admitted meanwhile or a pause that
+    #: returned early).
+    check_drained: bool = False
 
     @property
     def fingerprint(self) -> tuple[Any, ...]:
@@ -81,7 +85,9 @@ def parse_sleep(query: Query, body: bytes) -> ActionRequest:
     # (level,) works on every vLLM since sleep levels exist; the mode only when asked for.
     args: tuple[Any, ...] = (level,) if mode is None else (level, mode)
     params = {"level": level, "mode": mode or "abort"}
-    return ActionRequest("sleep", "sleep", args, params, Check(SLEEPING, True))
+    return ActionRequest(
+        "sleep", "sleep", args, params, Check(SLEEPING, True), check_drained=mode == "wait"
+    )
 
 
 def parse_wake_up(query: Query, body: bytes) -> ActionRequest:
@@ -106,7 +112,14 @@ def parse_pause(query: Query, body: bytes) -> ActionRequest:
     q = _single(query, {"mode"})
     _no_body(body, "pause")
     mode = _choice("mode", q.get("mode", "abort"), PAUSE_MODES)
-    return ActionRequest("pause", "pause_scheduler", (mode,), {"mode": mode}, Check(PAUSED, True))
+    return ActionRequest(
+        "pause",
+        "pause_scheduler",
+        (mode,),
+        {"mode": mode},
+        Check(PAUSED, True),
+        check_drained=mode == "wait",
+    )
 
 
 def parse_resume(query: Query, body: bytes) -> ActionRequest:

@@ -1,7 +1,7 @@
 """Every poll interval: every fleet invariant (``is_sleeping``, ``is_scheduler_paused``,
-``get_weight_version``) on every engine, published as one immutable ``FleetSnapshot``. Polls
-never overlap; a slow or dead engine delays a poll by at most the call timeout, because all
-calls of a poll share one deadline.
+``get_weight_version``) and the activity read (``has_work``) on every engine, published as one
+immutable ``FleetSnapshot``. Polls never overlap; a slow or dead engine delays a poll by at most
+the call timeout, because all calls of a poll share one deadline.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
-from exporter.fleetstate.invariants import SLEEPING, is_unsupported
+from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.metrics.stats import Stats
 
 log = logging.getLogger("exporter.poller")
+#: The reads with a fleet verdict (strict consensus); ``has_work`` is per rank only.
+CONSENSUS_METHODS = frozenset(inv.method for inv in INVARIANTS)
 
 #: The inconsistency warning (every engine's value) is logged at most once per method this
 #: often; the polls in between are counted in the next line (and always in the metrics).
@@ -83,6 +85,7 @@ class Poller:
                 len(client.engine_labels),
                 client.connected_count(),
                 client.capabilities.fault_status,
+                client.capabilities.request_counts,
             )
         return self._snapshot
 
@@ -147,6 +150,9 @@ class Poller:
         }
         duration = time.perf_counter() - started
         self._forget_gone(client.engine_labels)  # the fan-out may have learnt other engines
+        # Details read again: what the fan-out learnt (HTTP mode's counts come with has_work).
+        after = {d.engine: d for d in client.engine_details()}
+        details = {engine: after.get(engine, d) for engine, d in details.items()}
         snap = self._build(results, details, duration, self._wall())
         self._publish(snap, results)
         return snap
@@ -163,7 +169,13 @@ class Poller:
         if not detail.connected:
             self._last_answer.pop(engine, None)
             return 0.0
-        if any(o.outcome in (Outcome.OK, Outcome.FAILED) for o in answers.values()):
+        # The invariants only: HTTP mode reads has_work from the API server's /metrics, which
+        # answers while the engine behind it hangs.
+        if any(
+            o.outcome in (Outcome.OK, Outcome.FAILED)
+            for m, o in answers.items()
+            if m in CONSENSUS_METHODS
+        ):
             self._last_answer[engine] = now
             return 0.0
         since = self._last_answer.setdefault(engine, now)
@@ -215,6 +227,8 @@ class Poller:
             )
         verdicts = {}
         for method, outcomes in results.items():
+            if method not in CONSENSUS_METHODS:  # ranks differ in their work by design
+                continue
             everywhere = self.reader.unsupported_everywhere(method, details)
             # Unsupported by every engine: unknown, without the "no results" error that an
             # empty fleet gets.
@@ -233,6 +247,7 @@ class Poller:
             connected=self._client.connected_count(),
             poll_number=previous + 1,
             fault_tolerance_known=self._client.capabilities.fault_status,
+            request_counts_known=self._client.capabilities.request_counts,
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:

@@ -23,7 +23,12 @@ from exporter.fleetstate.checksums import (
     flatten,
 )
 from exporter.fleetstate.invariants import is_unsupported
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.strings import bound_text
+
+#: Engine → its ``has_work`` read back and its published counts (None: unknown), for an action
+#: that must leave every engine drained (``ActionRequest.check_drained``).
+DrainReadback = Mapping[str, tuple[EngineOutcome, RequestCounts | None]]
 
 #: The status of an answer for something no engine supports (an action, a gate condition).
 UNSUPPORTED_STATUS = 501
@@ -86,12 +91,30 @@ def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, 
     return "failed", outcome.error
 
 
+def drain_failure(back: tuple[EngineOutcome, RequestCounts | None] | None) -> str | None:
+    """Why one engine is not known to be drained after an action that waits for it (None:
+    ``has_work`` answered false and no published count is above zero)."""
+    if back is None:
+        return "could not read has_work: not read back"
+    o, counts = back
+    if not o.ok:
+        return f"could not read has_work: {o.error or o.outcome.value}"
+    said = "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
+    if o.value is not False:
+        return f"paused, but it still has work{said}"
+    if counts is not None and counts.total:
+        return f"paused, has_work is false but vLLM publishes requests{said}"
+    return None
+
+
 def classify(
     request: ActionRequest,
     calls: Sequence[EngineOutcome],
     readback: Mapping[str, EngineOutcome] | None = None,
+    drain: DrainReadback | None = None,
 ) -> ActionVerdict:
-    """The call's outcomes and (when the action has a check) the state read back."""
+    """The call's outcomes and (when the action has a check) the state read back, and the
+    work left on each engine for an action that must leave them drained."""
     results = []
     check = request.check
     for o in calls:
@@ -115,6 +138,10 @@ def classify(
                         f"accepted, but {check.invariant.method} is {state!r}, "
                         f"not {check.expected!r}"
                     )
+            if reason is None and request.check_drained and drain is not None:
+                left = drain_failure(drain.get(o.engine))
+                if left is not None:
+                    reason, error = "unverified", left
         results.append(EngineVerdict(o.engine, reason, error, state))
     return ActionVerdict(request.action, tuple(results), verified=check is not None)
 

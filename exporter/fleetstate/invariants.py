@@ -1,4 +1,5 @@
-"""The fleet invariants the exporter checks on every rank, as pure data and functions.
+"""The fleet invariants the exporter checks on every rank, and its activity read, as pure data
+and functions.
 
 Each is one read-only utility method with the strict consensus semantics of ``is_sleeping``
 (``exporter.fleetstate.aggregate.aggregate_consensus``). An engine whose vLLM lacks the method
@@ -21,6 +22,7 @@ UNSUPPORTED_MARKERS = (
     "object has no attribute",
     "route not found on this server",
     "unsupported by this engine",  # the gate's wording (a plugin-enabled server in HTTP mode)
+    "not published by this server",  # HTTP mode: no request counts in /metrics (has_work)
 )
 
 
@@ -46,7 +48,14 @@ SLEEPING = Invariant("is_sleeping", "sleeping", "a boolean", _is_bool)
 PAUSED = Invariant("is_scheduler_paused", "paused", "a boolean", _is_bool)
 WEIGHT_VERSION = Invariant("get_weight_version", "weight_version", "a string or null", _is_version)
 INVARIANTS: tuple[Invariant, ...] = (SLEEPING, PAUSED, WEIGHT_VERSION)
-BY_METHOD = {inv.method: inv for inv in INVARIANTS}
+#: Whether the engine should be stepped (vLLM's ``EngineCore.has_work``: requests in its
+#: scheduler, a batch queued, a DP wave running). Read every poll like the invariants, but not
+#: one: ranks differ in their work by design, so it has no fleet consensus.
+HAS_WORK = Invariant("has_work", "has_work", "a boolean", _is_bool)
+#: Every per-rank read of a poll: the invariants, then the activity read.
+READS: tuple[Invariant, ...] = (*INVARIANTS, HAS_WORK)
+BY_METHOD = {inv.method: inv for inv in READS}
+#: The invariants by their gate condition key (``has_work`` is the gate's ``drained``).
 BY_KEY = {inv.key: inv for inv in INVARIANTS}
 
 

@@ -8,7 +8,15 @@ from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
-from exporter.fleetstate.invariants import INVARIANTS, PAUSED, SLEEPING, WEIGHT_VERSION, Invariant
+from exporter.fleetstate.invariants import (
+    HAS_WORK,
+    INVARIANTS,
+    PAUSED,
+    SLEEPING,
+    WEIGHT_VERSION,
+    Invariant,
+)
+from exporter.protocol.activity import RequestCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,27 @@ class EngineSnapshot:
         return self.value(WEIGHT_VERSION) if self.up else None
 
     @property
+    def has_work(self) -> bool | None:
+        """Whether vLLM says this rank should be stepped (None: not known this poll, or the
+        rank did not answer ``is_sleeping`` or is hung: HTTP mode reads ``has_work`` from the
+        API server's ``/metrics``, whose last values stay while the engine hangs)."""
+        if self.hung or not self.up or not self.known(HAS_WORK):
+            return None
+        return bool(self.value(HAS_WORK))
+
+    @property
+    def requests(self) -> RequestCounts | None:
+        """Its running and waiting requests as vLLM last published them (None: unknown)."""
+        return self.detail.requests
+
+    @property
+    def drained(self) -> bool:
+        """Known to hold no work: it answered ``has_work`` false (and no published count
+        says otherwise)."""
+        counts = self.requests
+        return self.has_work is False and (counts is None or counts.total == 0)
+
+    @property
     def state(self) -> str:
         """awake | asleep | paused | hung | unknown (vLLM's is_sleeping is also true while
         paused; hung: connected, but no answer for ``--hung-after``)."""
@@ -91,6 +120,9 @@ class FleetSnapshot:
     #: Whether this attach mode learns fault-tolerance statuses (relay mode cannot: the
     #: engines push them to the front end).
     fault_tolerance_known: bool = True
+    #: Whether this attach mode learns each rank's request counts (owner mode cannot: no
+    #: request flows through it, no coordinator publishes to it).
+    request_counts_known: bool = True
 
     def verdict(self, invariant: Invariant) -> ConsensusVerdict:
         return self.verdicts.get(invariant.method) or _unknown(invariant.method)
@@ -132,7 +164,11 @@ class FleetSnapshot:
 
 
 def empty_snapshot(
-    details: list[EngineDetail], expected: int, connected: int, fault_tolerance_known: bool = True
+    details: list[EngineDetail],
+    expected: int,
+    connected: int,
+    fault_tolerance_known: bool = True,
+    request_counts_known: bool = True,
 ) -> FleetSnapshot:
     """The snapshot before the first poll: every engine unknown."""
     return FleetSnapshot(
@@ -144,4 +180,5 @@ def empty_snapshot(
         connected=connected,
         poll_number=0,
         fault_tolerance_known=fault_tolerance_known,
+        request_counts_known=request_counts_known,
     )

@@ -109,6 +109,25 @@ METRICS: tuple[MetricSpec, ...] = (
         "awake, not paused, and no fault-tolerance status says otherwise (GET /routable).",
     ),
     MetricSpec(
+        "vllm_dp_engine_has_work",
+        "gauge",
+        ("engine",),
+        "The engine's last has_work answer (1/0): requests in its scheduler, a batch queued "
+        "or a DP wave running (HTTP mode: running + waiting > 0 from vLLM's /metrics, or each "
+        "rank's own answer through a /dp target); absent while unknown or unsupported "
+        "(docs/activity.md).",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_requests",
+        "gauge",
+        ("engine", "state"),
+        "The engine's requests as vLLM last published them: state running or waiting (queued, "
+        "e.g. behind a paused scheduler). Relay and in-process: the DP coordinator's counts the "
+        "front end routes by; HTTP: vLLM's /metrics. Absent where unknown (owner mode; no "
+        "coordinator).",
+        modes=("relay", "http", "inprocess"),
+    ),
+    MetricSpec(
         "vllm_dp_engine_last_success_timestamp_seconds",
         "gauge",
         ("engine",),

@@ -113,6 +113,9 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
     state = b.family("vllm_dp_engine_state")
     silent = b.family("vllm_dp_engine_unresponsive_seconds")
     routable = b.family("vllm_dp_engine_routable")
+    has_work = b.family("vllm_dp_engine_has_work")
+    # Declared only where the mode learns counts (owner mode never has them).
+    requests = b.family("vllm_dp_engine_requests") if snap.request_counts_known else None
     last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
     info = b.family("vllm_dp_engine_info")
     weights = b.family("vllm_dp_engine_weight_version_info")
@@ -129,6 +132,12 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
         if snap.poll_number:  # after the first poll (before it, nothing is known)
             b.add(silent, engine, round(e.unresponsive_s, 3))
             b.add(routable, engine, 1.0 if routability(e).routable else 0.0)
+        if e.has_work is not None:
+            b.add(has_work, engine, float(e.has_work))
+        counts = e.requests
+        if counts is not None and requests is not None:
+            b.add(requests, (e.engine, "running"), float(counts.running))
+            b.add(requests, (e.engine, "waiting"), float(counts.waiting))
         if e.last_success_unix is not None:
             b.add(last_ok, engine, e.last_success_unix)
         d = e.detail

@@ -16,6 +16,10 @@ An RL training loop drives every DP rank without a subprocess and without parsin
         dp.resume()
         dp.wait({"weight_version": version, "sleeping": False, "paused": False}, timeout_s=300)
 
+``dp.wait(drained=True, timeout_s=60)`` holds until every rank has finished its work (vLLM's
+``has_work`` false, no running or waiting request published); ``dp.status()`` has each rank's
+``has_work``, ``running``, ``waiting`` and ``drained``.
+
 Each action returns an ``ActionResult`` when every engine confirmed it, and raises
 ``PartialFailure`` (``.result.engines``: who did not, and why; nothing is rolled back) when
 some did not; every other answer is an error of its own class (``Conflict``, ``RateLimited``,
@@ -52,7 +56,13 @@ from exporter.remote.errors import (
     WaitTimeout,
 )
 from exporter.remote.http import NO_RETRY, Retry
-from exporter.remote.results import ActionResult, EngineResult, GateEngine, GateResult
+from exporter.remote.results import (
+    ActionResult,
+    EngineRequests,
+    EngineResult,
+    GateEngine,
+    GateResult,
+)
 from exporter.remote.status import EngineInvariant, EngineStatus, Status, Verdict
 from exporter.remote.sync import SyncClient
 from exporter.remote.waiting import Progress
@@ -70,6 +80,7 @@ __all__ = [
     "Conflict",
     "Credentials",
     "EngineInvariant",
+    "EngineRequests",
     "EngineResult",
     "EngineStatus",
     "Forbidden",

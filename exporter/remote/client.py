@@ -41,7 +41,13 @@ from exporter.remote.http import NO_RETRY, Http, Retry
 from exporter.remote.results import ActionResult, GateResult
 from exporter.remote.status import Status
 from exporter.remote.urls import base_url, join
-from exporter.remote.waiting import REQUEST_TIMEOUT_S, ProgressCallback, query, wait_for_gate
+from exporter.remote.waiting import (
+    REQUEST_TIMEOUT_S,
+    ProgressCallback,
+    query,
+    wait_for_gate,
+    with_drained,
+)
 
 DEFAULT_URL = "http://127.0.0.1:19400"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:19401"
@@ -151,12 +157,26 @@ class Client:
         return _parsed(answer, Status.from_json)
 
     async def gate(
-        self, *, timeout_s: float = READ_TIMEOUT_S, retry: Retry | None = None, **conditions: Any
+        self,
+        *,
+        drained: bool | None = None,
+        timeout_s: float = READ_TIMEOUT_S,
+        retry: Retry | None = None,
+        **conditions: Any,
     ) -> GateResult:
         """One ``GET <url>/gate?<conditions>`` (``weight_version="v7"``, ``sleeping=False``,
-        ``paused=False``): open (``ok``) or closed (412: what fails; 503: no engine). A
-        question the gate rejects raises (``BadRequest`` for an unknown condition;
-        ``Unsupported``, 501, for a condition no engine can answer)."""
+        ``paused=False``, ``healthy=True``): open (``ok``) or closed (412: what fails; 503: no
+        engine). ``drained=True`` holds when every rank answered ``has_work`` false and no
+        published request count is above zero (``False``: every rank has work; None: not
+        asked); each engine's ``requests`` are its running and waiting counts where the
+        attach mode knows them. A question the gate rejects raises (``BadRequest`` for an
+        unknown condition, or a ``drained`` that is not a boolean; ``Unsupported``, 501, for
+        a condition no engine can answer, e.g. ``drained`` where no vLLM has ``has_work``)."""
+        return await self._gate(with_drained(conditions, drained), timeout_s, retry)
+
+    async def _gate(
+        self, conditions: Mapping[str, Any], timeout_s: float, retry: Retry | None
+    ) -> GateResult:
         url = self._where(self.url, "a URL", "gate")
         answer = await self._http.request(
             "GET",
@@ -187,17 +207,21 @@ class Client:
         conditions: Mapping[str, Any] | None = None,
         timeout_s: float = 300.0,
         *,
+        drained: bool | None = None,
         progress: ProgressCallback | None = None,
         interval_s: float = 1.0,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> GateResult:
         """Ask the gate every ``interval_s`` until it opens (its answer) or ``timeout_s``
-        passes (``WaitTimeout``, with the last answer). ``progress`` sees every closed answer
-        and every retried failure (``exporter.remote.waiting``)."""
-        wanted = dict(conditions or {})
+        passes (``WaitTimeout``, with the last answer). ``drained=True`` adds the condition
+        that every rank has finished its work (as ``gate``; the same as ``{"drained": True}``
+        in ``conditions``). ``progress`` sees every closed answer and every retried failure
+        (``exporter.remote.waiting``): ``Progress.summary`` names the ranks that still have
+        work, with their counts where known."""
+        wanted = with_drained(conditions, drained)  # BadRequest at once, never retried
 
         async def check(request_timeout: float) -> GateResult:
-            return await self.gate(timeout_s=request_timeout, retry=NO_RETRY, **wanted)
+            return await self._gate(wanted, request_timeout, NO_RETRY)
 
         return await wait_for_gate(
             check,

@@ -85,6 +85,20 @@ class Fields:
             raise self._bad(key, "an integer or null", value)
         return value
 
+    def count(self, key: str) -> int | None:
+        """A count: a whole number, 0 or more (``-1`` or ``1.5`` is an ``InvalidAnswer``)."""
+        value = self.data.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            shown = repr(value) if number else _kind(value)
+            raise InvalidAnswer(
+                f"{self.where}.{key} must be a count (a whole number, 0 or more) or null, "
+                f"got {shown}"
+            )
+        return value
+
     def items(self, key: str) -> list[Any]:
         value = self.data.get(key, [])
         if value is None:
@@ -243,19 +257,71 @@ class ActionResult:
 
 
 @dataclass(frozen=True)
+class EngineRequests:
+    """One rank's requests as vLLM last published them: ``running`` (scheduled) and
+    ``waiting`` (queued, e.g. behind a paused scheduler); docs/activity.md."""
+
+    running: int
+    waiting: int
+
+    @property
+    def total(self) -> int:
+        return self.running + self.waiting
+
+    def __str__(self) -> str:
+        return f"running {self.running}, waiting {self.waiting}"
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> EngineRequests | None:
+        """``{"running": n, "waiting": n}``, or None for null (not known in this attach mode,
+        or not this time); anything else is an ``InvalidAnswer``."""
+        if data is None:
+            return None
+        f = Fields(data, where)
+        running, waiting = f.count("running"), f.count("waiting")
+        if running is None or waiting is None:
+            raise InvalidAnswer(f"{where} must have both counts, running and waiting")
+        return cls(running, waiting)
+
+
+@dataclass(frozen=True)
 class GateEngine:
     """One engine in a gate answer: whether it meets every condition, what it reported, and
-    what fails (``"paused is True, expected False"``)."""
+    what fails (``"paused is True, expected False"``; ``"drained: has work (running 1,
+    waiting 0), expected drained=true"``)."""
 
     engine: str
     ok: bool
     values: Mapping[str, Any]
     failures: tuple[str, ...]
+    #: Its running and waiting requests as vLLM last published them; None where the attach
+    #: mode does not learn them (owner mode; docs/activity.md), not this time, or an older
+    #: exporter.
+    requests: EngineRequests | None = None
+
+    @property
+    def has_work(self) -> bool | None:
+        """Its ``has_work`` answer (a gate without conditions reads it), else None."""
+        value = self.values.get("has_work")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def drained(self) -> bool | None:
+        """Whether it is drained (a gate asked ``drained``: ``has_work`` false and no published
+        request), else None (not asked, or unknown)."""
+        value = self.values.get("drained")
+        return value if isinstance(value, bool) else None
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> GateEngine:
         f = Fields(data, where)
-        return cls(f.label(), f.truth("ok"), dict(f.mapping("values")), f.texts("failures"))
+        return cls(
+            f.label(),
+            f.truth("ok"),
+            dict(f.mapping("values")),
+            f.texts("failures"),
+            EngineRequests.from_json(f.data.get("requests"), f"{where}.requests"),
+        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.remote.errorbase import InvalidAnswer
-from exporter.remote.results import Fields, find_engine
+from exporter.remote.results import EngineRequests, Fields, find_engine
 
 #: The invariants every poll checks (``aggregate.<method>``, each engine's ``invariants``).
 INVARIANTS = ("is_sleeping", "is_scheduler_paused", "get_weight_version")
@@ -71,7 +71,8 @@ class EngineInvariant:
 @dataclass(frozen=True)
 class EngineStatus:
     """One engine's row: connected, answering (``up``), its state (``awake``, ``asleep``,
-    ``paused``, ``hung``, ``unknown``), its invariants and whether it should take traffic."""
+    ``paused``, ``hung``, ``unknown``), its invariants, whether it should take traffic and
+    what it is doing (``has_work``, ``running``, ``waiting``, ``drained``)."""
 
     engine: str
     connected: bool
@@ -90,6 +91,14 @@ class EngineStatus:
     routable: bool | None = None
     unroutable_reasons: tuple[str, ...] = ()
     unresponsive_seconds: float | None = None
+    #: What it is doing (``activity`` in ``/status``, docs/activity.md): vLLM's ``has_work``
+    #: answer, its running and waiting requests as vLLM last published them, and whether it
+    #: is drained (``has_work`` false and no published count above zero). None: not known in
+    #: this attach mode or this poll, or an exporter older than these fields.
+    has_work: bool | None = None
+    running: int | None = None
+    waiting: int | None = None
+    drained: bool | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -97,6 +106,13 @@ class EngineStatus:
         """Its ``get_weight_version`` answer while it is up, else None."""
         found = self.invariants.get("get_weight_version")
         return found.value if found is not None and self.up else None
+
+    @property
+    def requests(self) -> EngineRequests | None:
+        """Its running and waiting requests when both are known, else None."""
+        if self.running is None or self.waiting is None:
+            return None
+        return EngineRequests(self.running, self.waiting)
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> EngineStatus:
@@ -107,6 +123,7 @@ class EngineStatus:
         reasons = route.data.get("reasons") or []
         if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
             raise InvalidAnswer(f"{where}.routable.reasons must be a list of strings")
+        activity = Fields(f.mapping("activity"), f"{where}.activity")
         return cls(
             engine=f.label(),
             connected=f.truth("connected"),
@@ -124,6 +141,10 @@ class EngineStatus:
             routable=route.flag("routable", None),
             unroutable_reasons=tuple(reasons),
             unresponsive_seconds=f.number("unresponsive_seconds"),
+            has_work=activity.flag("has_work", None),
+            running=activity.count("running"),
+            waiting=activity.count("waiting"),
+            drained=activity.flag("drained", None),
             raw=f.data,
         )
 

@@ -122,14 +122,18 @@ class SyncClient:
     def status(self, *, timeout_s: float = READ_TIMEOUT_S) -> Status:
         return self._call(self._client.status(timeout_s=timeout_s), timeout_s)
 
-    def gate(self, *, timeout_s: float = READ_TIMEOUT_S, **conditions: Any) -> GateResult:
-        return self._call(self._client.gate(timeout_s=timeout_s, **conditions), timeout_s)
+    def gate(
+        self, *, drained: bool | None = None, timeout_s: float = READ_TIMEOUT_S, **conditions: Any
+    ) -> GateResult:
+        coro = self._client.gate(drained=drained, timeout_s=timeout_s, **conditions)
+        return self._call(coro, timeout_s)
 
     def wait(
         self,
         conditions: Mapping[str, Any] | None = None,
         timeout_s: float = 300.0,
         *,
+        drained: bool | None = None,
         progress: ProgressCallback | None = None,
         interval_s: float = 1.0,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
@@ -137,6 +141,7 @@ class SyncClient:
         coro = self._client.wait(
             conditions,
             timeout_s,
+            drained=drained,
             progress=progress,
             interval_s=interval_s,
             request_timeout_s=request_timeout_s,

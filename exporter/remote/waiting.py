@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.remote.answers import UNSUPPORTED_STATUS, printable
-from exporter.remote.errors import RemoteError, WaitTimeout
+from exporter.remote.errors import BadRequest, RemoteError, WaitTimeout
 from exporter.remote.results import GateResult
 
 #: Longest single gate request (the gate bounds its own fan-out by its --call-timeout).
@@ -57,6 +57,27 @@ class Progress:
 ProgressCallback = Callable[[Progress], Any]
 #: One gate check with a per-request timeout in seconds.
 Check = Callable[[float], Awaitable[GateResult]]
+
+
+#: The gate's condition on each rank's work (``drained=true|false``).
+DRAINED = "drained"
+
+
+def with_drained(conditions: Mapping[str, Any] | None, drained: bool | None) -> dict[str, Any]:
+    """``conditions`` plus ``drained`` (None: not asked). ``BadRequest`` (before anything is
+    sent) when ``drained`` is not a boolean or contradicts a ``drained`` in ``conditions``."""
+    wanted = dict(conditions or {})
+    if drained is None:
+        return wanted
+    if not isinstance(drained, bool):
+        raise BadRequest(f"drained must be True, False or None, got {printable(repr(drained))}")
+    if DRAINED in wanted and query({DRAINED: wanted[DRAINED]}) != query({DRAINED: drained}):
+        raise BadRequest(
+            f"drained={drained} contradicts the conditions' "
+            f"drained={printable(repr(wanted[DRAINED]))}"
+        )
+    wanted[DRAINED] = drained
+    return wanted
 
 
 def query(conditions: Mapping[str, Any]) -> dict[str, str]:

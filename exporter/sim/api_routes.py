@@ -11,7 +11,10 @@ when they disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs,
 ``compute_weight_checksums`` is flattened over the engines, everything else fans out to every
 engine; one failing engine fails the call (the others still ran it).
 
-Routes (F.4): ``GET /version``; with fault tolerance on, ``GET /fault_tolerance/status`` (vLLM
+Routes (F.4): ``GET /version``; ``GET /metrics`` (served whatever the dev mode, as vLLM's: each
+engine's running and waiting requests, ``vllm:num_requests_running`` /
+``vllm:num_requests_waiting`` with its DP rank as the ``engine`` label, unless ``log_stats`` is
+off; no engine called); with fault tolerance on, ``GET /fault_tolerance/status`` (vLLM
 0.33's ``get_status()``: the front end's copy of the sentinels' pushes, no engine called); dev ``GET
 /is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``, ``/reset_mm_cache``,
 ``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET /is_paused``, ``POST
@@ -24,12 +27,14 @@ raise ``_BadQuery`` (vLLM's 400 validation envelope); engine failures raise ``_E
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from exporter.sim.api_wire import (
+    METRICS_CONTENT_TYPE,
     WEIGHT_CHECKER_ACTIONS,
     _BadQuery,
     _EngineError,
@@ -38,6 +43,7 @@ from exporter.sim.api_wire import (
     _json_body,
     _query_bool,
     _query_mode,
+    metrics_text,
 )
 from exporter.sim.options import ApiServerOptions, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
@@ -62,6 +68,7 @@ class ApiRoutes:
     engines: list[EngineState]
     engine_status: dict[int, dict[str, Any]]
     ft_answer: bytes | None
+    metrics_answer: bytes | None
 
     # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
 
@@ -90,7 +97,7 @@ class ApiRoutes:
         delay = 0.0
         for engine in self.engines:
             try:
-                result = engine.call(method, list(args))
+                result = engine.call(method, list(args), now=time.monotonic())
             except UtilityFailure as exc:
                 failure = failure or exc
                 result = None
@@ -136,6 +143,15 @@ class ApiRoutes:
 
     async def _version(self, request: web.Request) -> web.Response:
         return _json({"version": self.options.vllm_version})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """vLLM's Prometheus exposition: the stat loggers' last values (no engine is called)."""
+        body = self.metrics_answer  # a test's hostile answer
+        if body is None:
+            now, first = time.monotonic(), self.options.story_offset  # engine i is rank first+i
+            counts = {first + i: e.request_counts(now) for i, e in enumerate(self.engines)}
+            body = metrics_text(counts, self.options.log_stats).encode()
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _ft_status(self, request: web.Request) -> web.Response:
         if self.ft_answer is not None:  # a test's hostile answer

@@ -2,20 +2,23 @@
 ``exporter.sim.api_routes`` (``docs/protocol.md`` F.4) with the connection behaviour of F.4.1,
 backed by N in-process simulated engines that run the demo story.
 
-Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes (``GET
-/version`` still answers), ``fault_tolerance`` adds vLLM 0.33's ``GET /fault_tolerance/status`` (404
-without it, as vLLM), ``missing_routes`` leaves some out (404, as a vLLM without them), a wrong
-method gives 405 with an ``allow`` header, bad query or body values give vLLM's 400 validation
-envelope, and after every 500 from an exception the TCP connection is closed without a ``connection:
-close`` header (the RL routes that catch their exceptions answer ``{"error": "Failed to ...:
-<text>"}`` and keep the connection). Authorization headers are recorded, never checked (vLLM's
-``--api-key`` does not cover the dev routes).
+Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes
+(``GET /version`` and ``GET /metrics`` still answer; ``log_stats=False``, vLLM's
+``--disable-log-stats``, leaves the request counts out of ``/metrics``), ``fault_tolerance`` adds
+vLLM 0.33's ``GET /fault_tolerance/status`` (404 without it, as vLLM), ``missing_routes`` leaves
+some out (404, as a vLLM without them), a wrong method gives 405 with an ``allow`` header, bad
+query or body values give vLLM's 400 validation envelope, and after every 500 from an exception
+the TCP connection is closed without a ``connection: close`` header (the RL routes that catch
+their exceptions answer ``{"error": "Failed to ...: <text>"}`` and keep the connection).
+Authorization headers are recorded, never checked (vLLM's ``--api-key`` does not cover the dev
+routes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +34,8 @@ from exporter.sim.api_wire import (
     _validation_error,
 )
 from exporter.sim.options import ApiServerOptions, SimOptions
-from exporter.sim.story import run_story
+from exporter.sim.state import EngineState
+from exporter.sim.story import StoryState, run_story
 
 
 class SimApiServer(ApiRoutes):
@@ -40,7 +44,9 @@ class SimApiServer(ApiRoutes):
     ``options`` is a copy of the caller's (never changed); ``engines[i]`` is engine i's state
     machine and ``engine_options[i]`` its faults (``hang``, ``reply_delay_s``, read live).
     ``engine_status`` is the front end's copy of the sentinels' pushes (DP rank → payload, as
-    vLLM's ``AsyncMPClient._engine_status``); ``ft_answer``, when set, is served instead.
+    vLLM's ``AsyncMPClient._engine_status``); ``ft_answer``, when set, is served instead, and
+    ``metrics_answer`` instead of ``/metrics``. A test gives engine i requests with
+    ``engines[i].submit(duration_s, time.monotonic(), count)``.
     """
 
     def __init__(self, options: ApiServerOptions | None = None) -> None:
@@ -67,6 +73,7 @@ class SimApiServer(ApiRoutes):
             rank: encode_ft_status_value(rank, "healthy") for rank in ranks
         }
         self.ft_answer: bytes | None = None
+        self.metrics_answer: bytes | None = None
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         self._connections: dict[Any, int] = {}
@@ -94,6 +101,7 @@ class SimApiServer(ApiRoutes):
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/version", self._version, allow_head=False)
+        app.router.add_get("/metrics", self._metrics, allow_head=False)
         if self.options.fault_tolerance:  # vLLM registers it whatever the dev mode
             app.router.add_get("/fault_tolerance/status", self._ft_status, allow_head=False)
         if self.options.dev_mode:
@@ -114,7 +122,12 @@ class SimApiServer(ApiRoutes):
             # The engines' story (exporter.sim.story), as a ZMQ engine runs it.
             self._tasks = [
                 asyncio.create_task(
-                    run_story(state.apply_story, opts.story_offset, opts.story_count, period)
+                    run_story(
+                        functools.partial(_apply_story, state, opts),
+                        opts.story_offset,
+                        opts.story_count,
+                        period,
+                    )
                 )
                 for state, opts in zip(self.engines, self.engine_options, strict=True)
             ]
@@ -210,3 +223,10 @@ def sim_of(runner: web.AppRunner) -> SimApiServer:
     if not isinstance(app, web.Application):
         raise TypeError("not a simulated API server runner")
     return app[API_SERVER_KEY]
+
+
+def _apply_story(state: EngineState, faults: SimOptions, story: StoryState, now: float) -> None:
+    """The demo story's state for one engine, and its hung window (the server then answers
+    nothing that needs that engine, as vLLM's API server waits for every engine)."""
+    state.apply_story(story, now)
+    faults.hang = story.hung

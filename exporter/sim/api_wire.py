@@ -85,6 +85,42 @@ def _query_bool(request: web.Request, name: str, default: bool = False) -> bool:
     )
 
 
+#: What the simulated ``/metrics`` says besides the request counts (a process metric and a
+#: vLLM family of every engine, as vLLM's exposition has many), so a reader must pick its lines.
+_METRICS_PROLOGUE = (
+    "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+    "# TYPE python_gc_objects_collected_total counter\n"
+    'python_gc_objects_collected_total{generation="0"} 1234.0\n'
+)
+
+
+#: prometheus_client's ``CONTENT_TYPE_LATEST`` (the classic text format vLLM's ``/metrics`` sends).
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def metrics_text(counts: dict[int, tuple[int, int]], log_stats: bool = True) -> str:
+    """vLLM's ``/metrics`` (Prometheus text, as ``prometheus_client`` writes it) for engines
+    rank → (running, waiting): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``
+    per ``engine`` label, floats as prometheus_client prints them; without ``log_stats``
+    (``--disable-log-stats``) neither family, only the server's other metrics."""
+    lines = [_METRICS_PROLOGUE]
+    if log_stats:
+        families = (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", 0),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", 1),
+        )
+        for name, help_text, index in families:
+            lines.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+            for rank, pair in counts.items():
+                labels = f'engine="{rank}",model_name="sim"'
+                lines.append(f"{name}{{{labels}}} {float(pair[index])!r}\n")
+        lines.append("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n")
+        lines.append("# TYPE vllm:kv_cache_usage_perc gauge\n")
+        for rank in counts:
+            lines.append(f'vllm:kv_cache_usage_perc{{engine="{rank}",model_name="sim"}} 0.0\n')
+    return "".join(lines)
+
+
 def _validation_error(exc: _BadQuery) -> dict[str, Any]:
     """vLLM's RequestValidationError envelope (str() of FastAPI's error list as the message)."""
     detail = {"type": exc.kind, "loc": (exc.where, exc.name), "msg": exc.msg, "input": exc.raw}

@@ -43,7 +43,7 @@ from exporter.protocol.kv_events import publisher_config
 from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
 from exporter.sim.options import RequestHook, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
-from exporter.sim.story import run_story
+from exporter.sim.story import StoryState, run_story
 
 log = logging.getLogger("exporter.sim")
 #: How often a frozen engine (``SimOptions.frozen``) looks whether it was thawed.
@@ -123,6 +123,11 @@ class SimEngine:
         value = encode_ft_status_value(self.engine_index, status, fault_info)
         await self.push(FT_STATUS_CALL_ID, value)
 
+    def _apply_story(self, story: StoryState, now: float) -> None:
+        """The demo story's state, and its hung window (requests read, never answered)."""
+        self.state.apply_story(story, now)
+        self.options.hang = story.hung
+
     # -- life cycle ------------------------------------------------------------------------
 
     async def run(self) -> str:
@@ -138,7 +143,7 @@ class SimEngine:
             period = self.options.story_period_s
             if period:
                 story = run_story(
-                    self.state.apply_story,
+                    self._apply_story,
                     self.options.story_offset,
                     self.options.story_count,
                     period,
@@ -273,7 +278,7 @@ class SimEngine:
                 )
                 return
         try:
-            result = self.state.call(method, args)
+            result = self.state.call(method, args, now=self.clock())
         except UtilityFailure as exc:
             await self._reply(client_index, call_id, failure=str(exc))
             return

@@ -6,6 +6,10 @@ addresses, waits for READY and the registration, and then makes its own utility 
 (``is_sleeping`` in a loop), so tests can prove that the exporter's relayed slot and the front
 end's slot never cross-talk. It also counts every HELLO/READY it receives per engine and keeps
 their raw bytes, to check that the relay forwards each exactly once and byte for byte.
+
+Given ``coordinator`` (each engine's (running, waiting)), it also plays vLLM's DP coordinator:
+an XPUB on loopback named in every INIT as ``frontend_stats_publish_address``, publishing
+``(counts, wave, running)`` every 100 ms.
 """
 
 from __future__ import annotations
@@ -14,29 +18,36 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.enginecore.events import TransportListener
+from exporter.client.enginecore.links import EngineLink
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.client.owner.transport import OwnerConfig, OwnerTransport
 from exporter.error import ProtocolError
 from exporter.protocol import decode_handshake_message
+from exporter.protocol.handshake import EngineHandshakeMetadata, EngineZmqAddresses
 
 log = logging.getLogger("exporter.sim.frontend")
 
 
 class _CountingOwnerTransport(OwnerTransport):
-    """``OwnerTransport`` that also records every handshake message it receives."""
+    """``OwnerTransport`` that also records every handshake message it receives, and names
+    the simulated coordinator's publication in its INITs."""
 
     def __init__(
         self, config: OwnerConfig, listener: TransportListener, faults: ProtocolErrorTally
     ) -> None:
         super().__init__(config, listener, faults)
+        self.stats_publish_address: str | None = None
         #: (engine identity, status) → number of messages received.
         self.received: Counter[tuple[bytes, str]] = Counter()
         #: (engine identity, status) → raw payloads, in arrival order.
@@ -49,6 +60,16 @@ class _CountingOwnerTransport(OwnerTransport):
                 self.received[(frames[0], status)] += 1
                 self.payloads.setdefault((frames[0], status), []).append(frames[1])
         await super()._on_handshake_frames(sock, frames)
+
+    def _init_for(self, link: EngineLink) -> bytes:
+        if self.stats_publish_address is None:
+            return super()._init_for(link)
+        addresses = EngineZmqAddresses(
+            [self.input_address],
+            [link.output_address],
+            frontend_stats_publish_address=self.stats_publish_address,
+        )
+        return msgspec.msgpack.encode(EngineHandshakeMetadata(addresses, {}))
 
 
 @dataclass
@@ -63,6 +84,11 @@ class SimFrontend:
     faults: ProtocolErrorTally = field(default_factory=ProtocolErrorTally)
     #: Every per-engine outcome of the front end's own calls, in order.
     outcomes: list[EngineOutcome] = field(default_factory=list)
+    #: Play vLLM's DP coordinator: every engine's (running, waiting), in engine-index order
+    #: (entries that are not such pairs are published as they are, and bytes as a whole
+    #: message: a hostile coordinator).
+    coordinator: Callable[[], list[Any] | bytes] | None = None
+    coordinator_interval_s: float = 0.1
 
     def __post_init__(self) -> None:
         config = OwnerConfig(
@@ -79,6 +105,8 @@ class SimFrontend:
         self.client = EngineCoreClient(make, self.faults)
         self.transport = transports[0]
         self._task: asyncio.Task[None] | None = None
+        self._publisher: zmq.asyncio.Socket | None = None
+        self._publishing: asyncio.Task[None] | None = None
 
     @property
     def engine_indices(self) -> list[int]:
@@ -106,9 +134,30 @@ class SimFrontend:
 
     async def start(self, *, call_loop: bool = True) -> None:
         """Bind and start handshaking; with ``call_loop`` also start the slot-0 calls."""
+        if self.coordinator is not None:
+            self._publisher = zmq.asyncio.Context.instance().socket(zmq.XPUB)
+            self._publisher.setsockopt(zmq.LINGER, 0)
+            port = self._publisher.bind_to_random_port("tcp://127.0.0.1")
+            self.transport.stats_publish_address = f"tcp://127.0.0.1:{port}"
+            self._publishing = asyncio.create_task(self._publish_loop(self._publisher))
         await self.client.start()
         if call_loop:
             self._task = asyncio.create_task(self._call_loop(), name="sim-frontend-calls")
+
+    async def _publish_loop(self, sock: zmq.asyncio.Socket) -> None:
+        """vLLM's coordinator: ``(counts, wave, running)`` to every subscriber."""
+        assert self.coordinator is not None
+        while True:
+            published = self.coordinator()
+            if isinstance(published, bytes):  # a hostile coordinator's raw message
+                await sock.send(published)
+            else:
+                counts = [
+                    [pair[1], pair[0], 0.0] if isinstance(pair, tuple) and len(pair) == 2 else pair
+                    for pair in published
+                ]
+                await sock.send(msgspec.msgpack.encode((counts, 0, False)))
+            await asyncio.sleep(self.coordinator_interval_s)
 
     async def wait_connected(self, timeout_s: float) -> None:
         await self.transport.wait_connected(timeout_s)
@@ -126,6 +175,14 @@ class SimFrontend:
             await asyncio.sleep(self.call_period_s)
 
     async def close(self) -> None:
+        if self._publishing is not None:
+            self._publishing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publishing
+            self._publishing = None
+        if self._publisher is not None:
+            self._publisher.close(linger=0)
+            self._publisher = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -122,3 +122,6 @@ class ApiServerOptions:
     #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
     #: (every rank healthy until ``SimApiServer.set_fault_status``).
     fault_tolerance: bool = False
+    #: vLLM's stat logging: ``GET /metrics`` carries ``vllm:num_requests_running`` and
+    #: ``vllm:num_requests_waiting`` per engine; False is ``--disable-log-stats`` (neither).
+    log_stats: bool = True

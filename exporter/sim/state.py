@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exporter.protocol.utility import PAUSE_MODES
+from exporter.sim.work import DEMO_ARRIVAL_S, DEMO_REQUEST_S, Work
 
 if TYPE_CHECKING:  # the story module also holds its asyncio loop: the state machine stays pure
     from exporter.sim.story import StoryState
@@ -95,6 +96,11 @@ class EngineState:
     ignore_state_changes: bool = False
     #: Methods this engine lacks (vLLM's "has no attribute" failure).
     missing_methods: frozenset[str] = frozenset()
+    #: Its requests (``submit`` adds some); ``now`` is the driver's clock at the last call.
+    work: Work = field(default_factory=Work)
+    now: float = 0.0
+    #: When the demo story last sent this engine a request.
+    last_arrival: float | None = None
 
     @classmethod
     def initial(
@@ -138,6 +144,29 @@ class EngineState:
     def is_scheduler_paused(self) -> bool:
         return self.paused
 
+    def has_work(self) -> bool:
+        """vLLM's ``EngineCore.has_work``: a request running or waiting."""
+        return self.work.has_work()
+
+    def request_counts(self, now: float) -> tuple[int, int]:
+        """(running, waiting) at ``now``: what vLLM publishes per engine."""
+        self.tick(now)
+        return self.work.counts()
+
+    def submit(self, duration_s: float, now: float, count: int = 1) -> None:
+        """``count`` requests of ``duration_s`` seconds arrive (a client's generation)."""
+        self.tick(now)
+        self.work.submit(duration_s, now, count)
+
+    def tick(self, now: float) -> None:
+        """Run the requests up to ``now`` under the current pause state."""
+        self.now = now
+        work = self.work
+        if work.paused != self.paused:
+            work.paused = self.paused
+            work.drain = work.drain and self.paused
+        work.advance(now)
+
     def get_weight_version(self) -> str | None:
         """The last version set with ``set_weight_version`` (None until one is set)."""
         return self.weight_version
@@ -172,12 +201,14 @@ class EngineState:
         if mode not in PAUSE_MODES:
             raise ValueError(f"Invalid pause mode: {mode}")
         self.paused = True
-        if mode == "wait" and self.drain_s > 0:
-            return Deferred(self.drain_s)
+        left = self.work.pause(mode, self.now)
+        if mode == "wait" and max(self.drain_s, left) > 0:
+            return Deferred(max(self.drain_s, left))
         return None
 
     def resume_scheduler(self) -> None:
         self.paused = False
+        self.work.resume(self.now)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> Deferred | None:
         """Level 0 only pauses the scheduler; level 1 and 2 also put every tag to sleep."""
@@ -195,7 +226,7 @@ class EngineState:
         if wanted <= self.sleeping_tags:
             self.sleeping_tags -= wanted
         if not self.sleeping_tags:
-            self.paused = False
+            self.resume_scheduler()
             return True
         return False
 
@@ -229,6 +260,7 @@ class EngineState:
             "get_weight_version": (self.get_weight_version, 0),
             "set_weight_version": (self.set_weight_version, 1),
             "compute_weight_checksums": (self.compute_weight_checksums, 0),
+            "has_work": (self.has_work, 0),
         }
         if self.supports_pause_query:
             methods["is_scheduler_paused"] = (self.is_scheduler_paused, 0)
@@ -236,10 +268,13 @@ class EngineState:
             methods.pop(name, None)
         return methods
 
-    def call(self, method: str, args: Sequence[Any] = ()) -> Any:
-        """Run one utility call; returns its value (maybe a :class:`Deferred`), raises
+    def call(self, method: str, args: Sequence[Any] = (), now: float | None = None) -> Any:
+        """Run one utility call at ``now`` (the requests run up to then; None: as they
+        stood); returns its value (maybe a :class:`Deferred`), raises
         :class:`UtilityFailure` with vLLM's text for an unknown method, too many arguments
         or a rejected argument."""
+        if now is not None:
+            self.tick(now)
         entry = self.methods().get(method)
         if entry is None:
             raise UtilityFailure(method, f"'EngineCoreProc' object has no attribute '{method}'")
@@ -267,8 +302,17 @@ class EngineState:
 
     # -- the demo story ------------------------------------------------------------------------
 
-    def apply_story(self, story: StoryState) -> None:
-        """Take the state the demo story (``exporter.sim.story``) wants right now."""
+    def apply_story(self, story: StoryState, now: float) -> None:
+        """Take the state the demo story (``exporter.sim.story``) wants at ``now`` (the
+        engine's clock): pause and sleep (a pause keeps the requests where they are), resets
+        refused or not, requests arriving. Hanging is the driver's (``SimEngine``)."""
         self.refuse_reset = story.refuse_reset
         self.sleeping_tags = set(ALL_TAGS) if story.sleeping else set()
         self.paused = story.paused or story.sleeping
+        self.tick(now)
+        last = self.last_arrival
+        if story.traffic and (last is None or now - last >= DEMO_ARRIVAL_S):
+            self.last_arrival = now
+            self.work.submit(DEMO_REQUEST_S, now)
+        elif story.queue_behind_pause and not self.work.waiting:
+            self.work.submit(DEMO_REQUEST_S, now)

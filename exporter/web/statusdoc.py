@@ -20,7 +20,7 @@ from exporter.config.settings import ServeConfig
 from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
-from exporter.fleetstate.invariants import INVARIANTS, Invariant
+from exporter.fleetstate.invariants import INVARIANTS, READS, Invariant
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 from exporter.metrics.catalog import RESET_OUTCOMES
 from exporter.metrics.stats import LastAction, Stats
@@ -113,6 +113,7 @@ def engine_json(
         "state": e.state,
         "unresponsive_seconds": round(e.unresponsive_s, 3),
         "routable": routable_json(e),
+        "activity": activity_json(e),
         "last_success_unix": e.last_success_unix,
         "seconds_since_last_success": since,
         "vllm_version": e.detail.vllm_version,
@@ -127,6 +128,18 @@ def engine_json(
         "fault_tolerance": fault_tolerance_json(e.detail),
         "membership_event": membership_json(e.detail.membership),
         "pushes": dict(e.detail.pushes),
+    }
+
+
+def activity_json(e: EngineSnapshot) -> dict[str, Any]:
+    """What ``e`` is doing: ``has_work`` (vLLM's answer) and its running and waiting requests
+    (null: not known in this attach mode, or not this poll)."""
+    counts = e.requests
+    return {
+        "has_work": e.has_work,
+        "running": None if counts is None else counts.running,
+        "waiting": None if counts is None else counts.waiting,
+        "drained": e.drained if e.has_work is not None else None,
     }
 
 
@@ -242,7 +255,7 @@ def last_action_json(last: LastAction | None) -> dict[str, Any] | None:
 def counters_json(stats: Stats) -> dict[str, Any]:
     # Every polled invariant is listed (0 when none failed): the document's shape does not
     # depend on what happened.
-    failed: Counter[str] = Counter({inv.method: 0 for inv in INVARIANTS})
+    failed: Counter[str] = Counter({inv.method: 0 for inv in READS})
     for (method, _engine, outcome), n in stats.utility_calls.items():
         if outcome != Outcome.OK.value and n:
             failed[method] += n

@@ -139,6 +139,18 @@ def fault_tolerance_cell(ft: dict[str, Any] | None) -> tuple[str, bool]:
     return (f"{status} ({info})" if info else status), status != "healthy"
 
 
+def activity_cell(a: dict[str, Any] | None) -> tuple[str, str]:
+    """(text, kind) of what one engine is doing: ``has work``, ``drained`` or ``unknown``
+    (kind ``busy``, ``drained``, ``unknown``), with ``running N, waiting M`` where vLLM
+    published its requests (``activity`` in ``/status``; absent in an older document)."""
+    a = a or {}
+    drained = a.get("drained")
+    kind = "unknown" if drained is None else ("drained" if drained else "busy")
+    word = {"busy": "has work", "drained": "drained", "unknown": "unknown"}[kind]
+    counts = [f"{k} {a[k]}" for k in ("running", "waiting") if a.get(k) is not None]
+    return (f"{word} ({', '.join(counts)})" if counts else word), kind
+
+
 def _engine_row(e: dict[str, Any]) -> str:
     up = bool(e["up"])
     cells = [
@@ -156,6 +168,8 @@ def _engine_row(e: dict[str, Any]) -> str:
     cells.append(f"<td>{escape(str(e['vllm_version'] or '-'))}</td>")
     text, bad = fault_tolerance_cell(e.get("fault_tolerance"))
     cells.append(f'<td class="ft{" bad" if bad else ""}">{escape(text)}</td>')
+    text, kind = activity_cell(e.get("activity"))
+    cells.append(f'<td class="act act-{kind}" data-activity="{kind}">{escape(text)}</td>')
     cells.append(f'<td class="err">{escape(error)}</td>')
     attrs = f'data-engine="{escape(str(e["engine"]))}" data-up="{"true" if up else "false"}"'
     return f"<tr {attrs}{'' if up else ' class=down'}>" + "".join(cells) + "</tr>"

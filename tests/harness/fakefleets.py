@@ -21,7 +21,12 @@ def awake(
 ) -> dict[str, dict[str, Any]]:
     """``answers`` of engines awake, not paused, at weight ``version``; ``changed`` overrides
     some engines' answers (``{"1": {"is_sleeping": True}}``)."""
-    base = {"is_sleeping": False, "is_scheduler_paused": False, "get_weight_version": version}
+    base = {
+        "is_sleeping": False,
+        "is_scheduler_paused": False,
+        "get_weight_version": version,
+        "has_work": False,
+    }
     return {e: {**base, **(changed or {}).get(e, {})} for e in engines}
 
 

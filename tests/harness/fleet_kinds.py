@@ -4,19 +4,26 @@
 (``exporter.control.attach.build_fleet``) where the mode has a configuration, starts it over
 three simulated engines on 127.0.0.1 (the fake: none, it is the socket-free reference) and
 returns a ``FleetKind``: the client, its labels, what the mode documents about itself, and
-hooks that make engine ``i`` hang, fail, shut down, die, answer a long string or lack a method.
-A kind that cannot produce a fault raises ``pytest.skip`` with the reason, never a silent pass.
+hooks that make engine ``i`` hang, fail, shut down, die, answer a long string or lack a method,
+and that give it requests (``give_work``: they run for their duration on the engine's simulated
+scheduler, queued while it is paused) or make its ``has_work`` answer hostile. A kind that
+cannot produce a fault raises ``pytest.skip`` with the reason, never a silent pass.
+``serve_kind`` serves the exporter (``create_app`` and the admin app) over a started kind's
+client on real HTTP.
 
 Kinds (``KINDS``):
 
 * ``fake``: ``FakeFleet`` over a handler (faults are the handler's answers; nothing can hang);
 * ``owner``: owner mode over ``RecordingSimEngine``s;
 * ``relay``: relay mode beside a simulated stock front end (its call loop off, so every
-  request an engine reads is the exporter's);
+  request an engine reads is the exporter's) and DP coordinator (publishing each engine's
+  requests);
 * ``http``: HTTP mode over three simulated API servers of one engine each;
 * ``http_plugin``: HTTP mode over one plugin-enabled server (a target URL ending in ``/dp``)
   whose three engines are ``a/0``..``a/2``; its HTTP requests are recorded by a middleware;
-* ``inprocess``: in-process mode over the simulated ``AsyncLLM``.
+* ``inprocess``: in-process mode over the simulated ``AsyncLLM``, its DP coordinator simulated
+  (``SimEngineCore.start_coordinator``: the front end's load-balancing counts follow the engines'
+  requests).
 
 Every wait is bounded.
 """
@@ -24,6 +31,7 @@ Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import time
 from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,6 +41,7 @@ from typing import Any
 import aiohttp
 import pytest
 import zmq.asyncio
+from aiohttp import web
 from fastapi import FastAPI, Request, Response
 
 from exporter.base.faults import ProtocolErrorTally
@@ -50,10 +59,13 @@ from exporter.client.http.target import PluginTargetState
 from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
 from exporter.control.attach import build_fleet
+from exporter.control.runtime import Exporter
 from exporter.inprocess.plugin import DpExporterPlugin
 from exporter.inprocess.trainer import inprocess_config
 from exporter.sim.options import SimOptions, SimReply
 from exporter.sim.state import EngineState
+from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
+from exporter.web.app import create_app
 from tests.harness.apiservers import ApiServer, ApiServers, http_config
 from tests.harness.inprocess import SimVllm, start_sim_vllm_fleet
 from tests.harness.plugin_app import (
@@ -64,7 +76,8 @@ from tests.harness.plugin_app import (
     server_url,
 )
 from tests.harness.relay import RelayHarness
-from tests.harness.service import RecordingSimEngine, make_config
+from tests.harness.scrape import Families, parse_metrics
+from tests.harness.service import RecordingSimEngine, fresh_poll, make_config, serve_config
 from tests.harness.waiting import eventually
 
 ENGINES = 3
@@ -79,11 +92,13 @@ KINDS = ("fake", "owner", "relay", "http", "http_plugin", "inprocess")
 #: Promises a kind may break today (``FleetKind.known_gaps``).
 ENGINE_STRINGS = "engine strings are cut where a reply is decoded"
 EVERY_READ_METHOD = "every read method is answered"
+HUNG_HAS_WORK = "a hung rank's has_work is unknown, never drained"
 #: What the fake's engines answer by default (a fresh simulated engine's answers).
 DEFAULT_ANSWERS: dict[str, Any] = {
     "is_sleeping": False,
     "is_scheduler_paused": False,
     "get_weight_version": None,
+    "has_work": False,
     "reset_prefix_cache": True,
 }
 
@@ -91,6 +106,17 @@ DEFAULT_ANSWERS: dict[str, Any] = {
 def _engine_fault(engine: RecordingSimEngine, reply: SimReply) -> None:
     """Engine answers every request with ``reply`` from now on (recorded first)."""
     engine._then = lambda _c, _i, _m, _a: reply
+
+
+def _has_work_fault(engine: RecordingSimEngine, reply: SimReply) -> None:
+    """Engine answers ``has_work`` with ``reply`` from now on; everything else as before."""
+    engine._then = lambda _c, _i, method, _a: reply if method == "has_work" else None
+
+
+def _finish(state: EngineState) -> None:
+    """Every request of ``state`` is done (their clients got their answers)."""
+    state.work.running.clear()
+    state.work.waiting.clear()
 
 
 @dataclass
@@ -158,6 +184,43 @@ class FleetKind:
         """Engine ``i`` has no ``method`` (an older vLLM)."""
         raise NotImplementedError
 
+    # -- the work of engine i --------------------------------------------------------------
+
+    def work_state(self, i: int) -> EngineState:
+        """Engine ``i``'s simulated state, its requests included (``EngineState.work``)."""
+        raise NotImplementedError
+
+    async def _fresh(self) -> None:
+        """Wait until the client's next call asks the engines again (only where answers are
+        shared for a while: a plugin-enabled server)."""
+
+    async def give_work(self, i: int, duration_s: float, count: int = 1) -> None:
+        """``count`` requests of ``duration_s`` seconds arrive at engine ``i`` (queued while its
+        scheduler is paused; its ``has_work`` is true until they are done)."""
+        self.work_state(i).submit(duration_s, time.monotonic(), count)
+        await self._fresh()
+
+    async def finish_work(self, i: int) -> None:
+        """Engine ``i``'s requests are all done."""
+        _finish(self.work_state(i))
+        await self._fresh()
+
+    def counts(self, i: int) -> tuple[int, int]:
+        """Engine ``i``'s (running, waiting) requests now."""
+        return self.work_state(i).request_counts(time.monotonic())
+
+    def paused(self, i: int) -> bool:
+        """Whether engine ``i``'s scheduler is paused."""
+        return self.work_state(i).paused
+
+    async def answer_has_work(self, i: int, value: Any) -> None:
+        """Engine ``i`` answers ``has_work`` with ``value`` (a hostile one: not a boolean)."""
+        raise NotImplementedError
+
+    async def fail_has_work(self, i: int, text: str) -> None:
+        """Engine ``i``'s ``has_work`` fails with ``text``; its other calls are answered."""
+        raise NotImplementedError
+
     # -- what reached the engines -----------------------------------------------------------
 
     def requests(self) -> int:
@@ -199,6 +262,23 @@ class FakeKind(FleetKind):
 
     fleet: FakeFleet
     scripted: dict[str, Callable[[str, str], Any]]
+    states: list[EngineState]
+
+    def work_state(self, i: int) -> EngineState:
+        return self.states[i]
+
+    async def answer_has_work(self, i: int, value: Any) -> None:
+        self.scripted[self.labels[i]] = lambda _l, m: (
+            value if m == "has_work" else DEFAULT_ANSWERS.get(m)
+        )
+
+    async def fail_has_work(self, i: int, text: str) -> None:
+        def failing(label: str, method: str) -> Any:
+            if method != "has_work":
+                return DEFAULT_ANSWERS.get(method)
+            return EngineOutcome(label, Outcome.FAILED, error=text, duration_s=0.001)
+
+        self.scripted[self.labels[i]] = failing
 
     async def hang(self, i: int) -> None:
         pytest.skip("FakeFleet's handler answers synchronously: no call can hang or be in flight")
@@ -241,17 +321,21 @@ class FakeKind(FleetKind):
 
 async def start_fake() -> FakeKind:
     scripted: dict[str, Callable[[str, str], Any]] = {}
+    # Each engine's requests (has_work); the fake's engines have no scheduler to pause.
+    states = [EngineState() for _ in range(ENGINES)]
 
     def handler(engine: str, method: str, args: tuple[Any, ...]) -> Any:
         answer = scripted.get(engine)
         if answer is not None:
             return answer(engine, method)
+        if method == "has_work":
+            return states[int(engine)].call(method, now=time.monotonic())
         return DEFAULT_ANSWERS.get(method)
 
     fleet = FakeFleet(handler, engines=tuple(str(i) for i in range(ENGINES)))
     await fleet.start()
     kind = FakeKind("fake", fleet, Capabilities(fault_status=True))
-    kind.fleet, kind.scripted = fleet, scripted
+    kind.fleet, kind.scripted, kind.states = fleet, scripted, states
     return kind
 
 
@@ -266,6 +350,15 @@ class SimEngineKind(FleetKind):
 
     def _state(self, i: int) -> EngineState:
         return self.engines[i].state
+
+    def work_state(self, i: int) -> EngineState:
+        return self.engines[i].state
+
+    async def answer_has_work(self, i: int, value: Any) -> None:
+        _has_work_fault(self.engines[i], SimReply(value=value))
+
+    async def fail_has_work(self, i: int, text: str) -> None:
+        _has_work_fault(self.engines[i], SimReply(failure=text))
 
     async def hang(self, i: int) -> None:
         self.engines[i].options.hang = True
@@ -375,7 +468,14 @@ class RelayKind(SimEngineKind):
 
 async def start_relay(tmp_path: Path) -> RelayKind:
     harness = RelayHarness(ENGINES, tmp_path)
-    await harness.start_frontend(call_loop=False)
+    engines: list[RecordingSimEngine] = []
+
+    def published() -> list[Any]:
+        """vLLM's DP coordinator (simulated beside the front end): each engine's requests."""
+        now = time.monotonic()
+        return [engine.state.request_counts(now) for engine in engines]
+
+    await harness.start_frontend(call_loop=False, coordinator=published)
     try:
         relay = await harness.start_relay()
     except BaseException:
@@ -384,7 +484,9 @@ async def start_relay(tmp_path: Path) -> RelayKind:
     kind = RelayKind(
         "relay",
         relay.client,
-        Capabilities(fault_status=False, beside_a_front_end=True, handshakes=True),
+        Capabilities(
+            fault_status=False, beside_a_front_end=True, handshakes=True, request_counts=True
+        ),
         frozenset({"vllm_dp_relay_handshakes_total", "vllm_dp_state_file_writes_total"}),
     )
     kind.harness = harness
@@ -398,6 +500,7 @@ async def start_relay(tmp_path: Path) -> RelayKind:
     kind._cleanups.append(stop_all)
     try:
         kind.engines, kind.tasks = _recording_engines(harness.relay_address, context)
+        engines.extend(kind.engines)
         await harness.wait_handshakes(WAIT_S)
     except BaseException:
         await kind.stop()
@@ -434,15 +537,28 @@ class InProcessKind(SimEngineKind):
         return sum(self.inprocess.in_flight.values())
 
 
+def start_coordinator(sim: SimVllm) -> None:
+    """vLLM's DP coordinator (simulated): the front end's load-balancing counts follow each
+    engine's requests (in-process mode reads them)."""
+    engines = sim.engines
+    sim.core.start_coordinator(lambda r: engines[r].state.request_counts(time.monotonic()))
+
+
 async def start_inprocess() -> InProcessKind:
     sim = await start_sim_vllm_fleet(ENGINES)
+    start_coordinator(sim)
     core = VllmCore(sim.core, vllm_version="0.33.0", enable_sleep_mode=True)
     client = build_fleet(inprocess_config(environ={}), ProtocolErrorTally(), vllm=core)
     assert isinstance(client, InProcessFleetClient)
     sim.clients.append(client)
     # The simulated vLLM keeps vLLM 0.33's table of fault-tolerance statuses (empty until
     # fault tolerance is on): the front end's copy, which this mode reads.
-    kind = InProcessKind("inprocess", client, Capabilities(fault_status=True), death_takes_all=True)
+    kind = InProcessKind(
+        "inprocess",
+        client,
+        Capabilities(fault_status=True, request_counts=True),
+        death_takes_all=True,
+    )
     kind.sim, kind.engines, kind.tasks = sim, sim.engines, sim.tasks
     kind._cleanups.append(sim.stop)
     await client.start()
@@ -486,8 +602,32 @@ class HttpKind(FleetKind):
         self.servers[i].sim.engines[0].weight_version = text
 
     async def lack(self, i: int, method: str) -> None:
+        if method == "has_work":  # read from GET /metrics: vLLM with --disable-log-stats
+            self.servers[i].sim.options.log_stats = False
+            return
         state = self.servers[i].sim.engines[0]
         state.missing_methods = state.missing_methods | {method}
+
+    def work_state(self, i: int) -> EngineState:
+        return self.servers[i].sim.engines[0]
+
+    async def answer_has_work(self, i: int, value: Any) -> None:
+        """HTTP mode reads ``has_work`` from ``GET /metrics``: the server publishes counts of
+        engine ``i``'s rank that are not counts (what a wrong-typed answer is there)."""
+        sim = self.servers[i].sim
+        rank = sim.options.story_offset
+        sample = HOSTILE_SAMPLES.get(type(value), "-1")
+        sim.metrics_answer = (
+            f'vllm:num_requests_running{{engine="{rank}",model_name="sim"}} {sample}\n'
+            f'vllm:num_requests_waiting{{engine="{rank}",model_name="sim"}} 0.0\n'
+        ).encode()
+
+    async def fail_has_work(self, i: int, text: str) -> None:
+        pytest.skip(
+            "HTTP mode reads has_work from GET /metrics, which vLLM's API server answers "
+            "without calling an engine: an engine's failure cannot reach it (answer_has_work "
+            "and lack cover /metrics' own faults)"
+        )
 
     def _calls(self, i: int) -> int:
         return sum(1 for _, path, _ in self.servers[i].sim.requests if path not in SIDE_PATHS)
@@ -500,6 +640,10 @@ class HttpKind(FleetKind):
 
     def pending(self) -> int:
         return http_pending(self.http)
+
+
+#: The ``/metrics`` sample text standing for a hostile ``has_work`` answer of each type.
+HOSTILE_SAMPLES: dict[type, str] = {str: "yes", int: "-1", type(None): "NaN", list: "1e300"}
 
 
 def http_pending(client: HttpFleetClient) -> int:
@@ -526,7 +670,7 @@ async def start_http() -> HttpKind:
     kind = HttpKind(
         "http",
         client,
-        Capabilities(fault_status=True),
+        Capabilities(fault_status=True, request_counts=True),
         flags_shutting_down=False,
         failure_text_as_sent=False,
     )
@@ -637,6 +781,17 @@ class HttpPluginKind(FleetKind):
         state.missing_methods = state.missing_methods | {method}
         await self._fresh()
 
+    def work_state(self, i: int) -> EngineState:
+        return self.sim.engines[i].state
+
+    async def answer_has_work(self, i: int, value: Any) -> None:
+        _has_work_fault(self.sim.engines[i], SimReply(value=value))
+        await self._fresh()
+
+    async def fail_has_work(self, i: int, text: str) -> None:
+        _has_work_fault(self.sim.engines[i], SimReply(failure=text))
+        await self._fresh()
+
     def requests(self) -> int:
         return sum(1 for path in self.recorded.paths if path not in SIDE_PATHS)
 
@@ -656,6 +811,7 @@ class HttpPluginKind(FleetKind):
 async def start_http_plugin(monkeypatch: pytest.MonkeyPatch) -> HttpPluginKind:
     plugin_env(monkeypatch, CALL_TIMEOUT=PLUGIN_CALL_TIMEOUT, GATE_MIN_INTERVAL="0")
     sim = await start_sim_vllm_fleet(ENGINES)
+    start_coordinator(sim)
     try:
         recorded = await start_recorded_plugin_app(sim)
     except BaseException:
@@ -667,7 +823,7 @@ async def start_http_plugin(monkeypatch: pytest.MonkeyPatch) -> HttpPluginKind:
     kind = HttpPluginKind(
         "http_plugin",
         client,
-        Capabilities(fault_status=True),
+        Capabilities(fault_status=True, request_counts=True),
         death_takes_all=True,
         flags_shutting_down=False,
         failure_text_as_sent=False,
@@ -707,3 +863,107 @@ async def start_kind(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     if name == "inprocess":
         return await start_inprocess()
     raise ValueError(f"unknown fleet kind {name!r}")
+
+
+# -- the exporter over a kind, on real HTTP ----------------------------------------------------
+
+
+class _Started:
+    """A kind's client as the exporter sees it: started and closed by the kind (twice would
+    bind its sockets twice), everything else its own."""
+
+    def __init__(self, client: FleetClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
+class ServedKind:
+    """The exporter (``create_app``: /metrics, /status, /gate and its poller) over a started
+    kind's client, and its admin app on a listener of its own; ``close`` stops both, never the
+    kind (whose fixture stops it afterwards)."""
+
+    kind: FleetKind
+    exporter: Exporter
+    runners: list[web.AppRunner]
+    url: str
+    admin_url: str
+    session: aiohttp.ClientSession
+
+    async def get_json(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(self.url + path) as resp:
+            return resp.status, await resp.json()
+
+    async def status(self) -> dict[str, Any]:
+        code, body = await self.get_json("/status")
+        assert code == 200, body
+        result: dict[str, Any] = body
+        return result
+
+    async def scrape(self) -> Families:
+        async with self.session.get(self.url + "/metrics") as resp:
+            assert resp.status == 200
+            return parse_metrics(await resp.text())
+
+    async def gate(self, query: str) -> tuple[int, dict[str, Any]]:
+        code, body = await self.get_json(f"/gate?{query}")
+        result: dict[str, Any] = body
+        return code, result
+
+    async def post(self, action: str, query: str = "") -> tuple[int, dict[str, Any]]:
+        async with self.session.post(f"{self.admin_url}/admin/{action}?{query}") as resp:
+            body: dict[str, Any] = await resp.json()
+            return resp.status, body
+
+    async def fresh_poll(self, timeout_s: float = WAIT_S) -> None:
+        """A poll that started after this call is published (bounded)."""
+        await fresh_poll(self.exporter.poller, timeout_s)
+
+    async def close(self) -> None:
+        await self.session.close()
+        admin, main = self.runners
+        await asyncio.wait_for(admin.app[ADMIN_SHUTDOWN_KEY](), WAIT_S)
+        await asyncio.wait_for(admin.cleanup(), WAIT_S)
+        await asyncio.wait_for(main.cleanup(), WAIT_S)
+
+
+async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+async def serve_kind(kind: FleetKind, **settings: Any) -> ServedKind:
+    """The exporter over ``kind``'s client on 127.0.0.1 (fast polls, a gate that never reuses
+    a sample, state changes allowed beside a front end), its first poll published."""
+    values: dict[str, Any] = {
+        "attach": "owner",  # the config's mode is not used: the client is the kind's
+        "engine_count": ENGINES,
+        "handshake_address": "tcp://127.0.0.1:1",
+        "admin_listen": "off",
+        "gate_min_interval": 0.0,
+        "relay_allow_state_changes": True,
+    }
+    values.update(settings)
+    config = serve_config(**values)
+    exporter = Exporter(config, client=_Started(kind.client))
+    main, url = await _serve_app(create_app(config, exporter))
+    try:
+        admin, admin_url = await _serve_app(create_admin_app(exporter, audit=lambda _r: None))
+    except BaseException:
+        await main.cleanup()
+        raise
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    served = ServedKind(kind, exporter, [admin, main], url, admin_url, session)
+    await exporter.poller.wait_for_poll(0, WAIT_S)
+    return served

@@ -73,8 +73,17 @@ class RelayHarness:
         assert self.frontend is not None
         return self.frontend
 
-    async def start_frontend(self, *, call_loop: bool = True) -> SimFrontend:
-        self.frontend = SimFrontend(self.frontend_address, self.engine_count)
+    async def start_frontend(
+        self,
+        *,
+        call_loop: bool = True,
+        coordinator: Callable[[], list[Any] | bytes] | None = None,
+    ) -> SimFrontend:
+        """The stock front end; with ``coordinator`` also vLLM's DP coordinator publishing
+        what it returns (each engine's (running, waiting))."""
+        self.frontend = SimFrontend(
+            self.frontend_address, self.engine_count, coordinator=coordinator
+        )
         await self.frontend.start(call_loop=call_loop)
         return self.frontend
 

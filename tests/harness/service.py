@@ -22,6 +22,7 @@ from multidict import CIMultiDictProxy
 from exporter.base.ports import free_listen_port
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.config.settings import ServeConfig, resolve_config
+from exporter.control.poller import Poller
 from exporter.control.runtime import Exporter
 from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
@@ -82,6 +83,16 @@ class RecordingSimEngine(SimEngine):
     def args_of(self, method: str) -> list[list[Any]]:
         return [args for m, args in self.received if m == method]
 
+
+
+async def fresh_poll(poller: Poller, timeout_s: float = WAIT_S) -> None:
+    """Ask ``poller`` for polls now (whatever the interval) and wait for one that started after
+    this call: a poll may be running already, so two more completed polls guarantee it."""
+    after = poller.snapshot.poll_number
+    poller.poll_soon()
+    await poller.wait_for_poll(after, timeout_s)
+    poller.poll_soon()
+    await poller.wait_for_poll(after + 1, timeout_s)
 
 @dataclass
 class Service:
@@ -162,14 +173,7 @@ class Service:
             await poller.wait_for_poll(poller.snapshot.poll_number, WAIT_S)
 
     async def fresh_poll(self, timeout_s: float = WAIT_S) -> None:
-        """Ask for polls now (whatever the interval) and wait for one that started after this
-        call: a poll may be running already, so two more completed polls guarantee it."""
-        poller = self.exporter.poller
-        after = poller.snapshot.poll_number
-        poller.poll_soon()
-        await poller.wait_for_poll(after, timeout_s)
-        poller.poll_soon()
-        await poller.wait_for_poll(after + 1, timeout_s)
+        await fresh_poll(self.exporter.poller, timeout_s)
 
     async def ready(self) -> None:
         await eventually(lambda: self.exporter.poller.snapshot.ready, what="a ready fleet")

@@ -130,7 +130,8 @@ def add_fleet_rows(L: Layout) -> None:
         state_timeline(
             "Engine sleep state",
             "Per-engine state from vllm_dp_engine_state: awake, asleep, paused (scheduler paused; "
-            "vLLM's is_sleeping is also true then) or unknown (the engine did not answer). "
+            "vLLM's is_sleeping is also true then), unknown (the engine did not answer) or hung "
+            "(connected, but no answer for --hung-after). "
             "Engines that switch at different times show where the fleet diverged.",
             [target(engine_code, "engine {{engine}} ({{instance}})")],
             maps=mappings(ENGINE_STATES),

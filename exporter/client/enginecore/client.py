@@ -37,6 +37,7 @@ from exporter.client.fleet import (
 from exporter.client.pushes import PushBook
 from exporter.error import EngineUnavailable, StartupError
 from exporter.protocol import UINT64_MAX, EngineOutput, encode_utility_request
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.pushes import FaultStatus
 
 log = logging.getLogger("exporter.client")
@@ -65,6 +66,8 @@ class ZmqTransport(Protocol):
     def keep_fault_status(self, engine_index: int, status: FaultStatus | None) -> None: ...
 
     def counters(self) -> dict[str, Counter[str]]: ...
+
+    def request_counts(self) -> Mapping[int, RequestCounts]: ...
 
     @property
     def unexpected(self) -> UnexpectedEngines: ...
@@ -130,6 +133,7 @@ class EngineCoreClient:
             fault_status=not beside_a_front_end,
             beside_a_front_end=beside_a_front_end,
             handshakes=True,
+            request_counts=beside_a_front_end,  # the DP coordinator's, as the front end's
         )
         self._allowed = allowed_methods
         self._on_change = on_change
@@ -154,6 +158,7 @@ class EngineCoreClient:
 
     def engine_details(self) -> list[EngineDetail]:
         details = []
+        counts = self.transport.request_counts()
         for link in self.transport.link_snapshots():
             reg = link.registration
             label = self._label(link.engine_index)
@@ -170,6 +175,7 @@ class EngineCoreClient:
                     fault_status=self.pushes.fault_status.get(label),
                     membership=self.pushes.membership.get(label),
                     pushes=tuple(sorted(self.pushes.counts_of(label).items())),
+                    requests=counts.get(link.engine_index),
                 )
             )
         return details

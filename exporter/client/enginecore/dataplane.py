@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any, cast
@@ -55,6 +55,7 @@ from exporter.client.enginecore.state_file import (
 )
 from exporter.error import EngineUnavailable, ProtocolError
 from exporter.protocol import UTILITY_REQUEST_TYPE, RegistrationInfo, decode_registration
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.kv_events import KIND as KV_EVENTS_KIND
 from exporter.protocol.kv_events import with_engine_host
 from exporter.protocol.pushes import FaultStatus
@@ -109,6 +110,11 @@ class EngineDataPlane(OutputReader):
     def counters(self) -> dict[str, Counter[str]]:
         """The series this transport keeps of its own (family → label value → count)."""
         return {"vllm_dp_state_file_writes_total": self.state_writes}
+
+    def request_counts(self) -> Mapping[int, RequestCounts]:
+        """Engine index → its running and waiting requests, where this mode learns them (the
+        relay, from the DP coordinator); none here."""
+        return {}
 
     # -- lifecycle -------------------------------------------------------------------------
 

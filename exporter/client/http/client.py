@@ -15,6 +15,16 @@ A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``) is re
 fan-out's ``is_sleeping`` (``exporter.client.http.fault``): the worst of its ranks, or each rank
 of a plugin-enabled target.
 
+``has_work`` and the running and waiting requests (``EngineDetail.requests``): vLLM has no route
+for ``EngineCore.has_work``, so a dev-routes target's comes from its ``GET /metrics``
+(``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, one series per ``engine``
+label, summed over the target's ranks): ``has_work`` is running + waiting > 0 — vLLM's batch
+queue and DP wave, which ``has_work`` also counts, are invisible there. A server without those
+families (``--disable-log-stats``) is unsupported for it, never idle; an unreadable answer
+fails closed (``replies.read_activity``). The counts are those of the last ``has_work`` read
+(None after any failure). A plugin-enabled target answers per rank: the server's own ``has_work``
+utility call and its front end's counts, from its ``/dp/gate`` (``plugin``).
+
 One ``aiohttp.ClientSession`` per client (connection pooling), all targets called concurrently
 under one shared deadline and a concurrency bound. vLLM closes the TCP connection after every
 500 without saying so: such connections are never put back into the pool, and a request that hits
@@ -54,7 +64,7 @@ from exporter.client.fleet import (
 )
 from exporter.client.http.fault import FaultStatusReader
 from exporter.client.http.plugin_read import PluginReads
-from exporter.client.http.replies import interpret
+from exporter.client.http.replies import interpret, read_activity
 from exporter.client.http.routes import (
     Reply,
     Retryable,
@@ -117,16 +127,18 @@ class HttpFleetClient:
                 address=s.target.url,
                 vllm_version=s.vllm_version,
                 fault_status=self.pushes.fault_status.get(label),
+                requests=counts,
             )
             for s in self._states
-            for label in s.labels()
+            for label, counts in s.counts_by_label().items()
         ]
 
     def connected_count(self) -> int:
         return sum(len(s.labels()) for s in self._states if s.connected)
 
-    #: Every target is asked for its fault-tolerance status (one without the route has none).
-    capabilities = Capabilities(fault_status=True)
+    #: Every target is asked for its fault-tolerance status (one without the route has none)
+    #: and its requests (``/metrics``, or a plugin's ``/dp/gate``).
+    capabilities = Capabilities(fault_status=True, request_counts=True)
 
     def supports(self, method: str) -> bool:
         """Allow-listed and mapped to a route (whether a given server has the route shows in
@@ -246,6 +258,19 @@ class HttpFleetClient:
     # -- one target --------------------------------------------------------------------------
 
     async def _call_one(self, state: TargetState, method: str, spec: Route) -> EngineOutcome:
+        if method != "has_work":
+            return await self._exchange_one(state, method, spec)
+        # The counts go with the has_work read: unknown after any failure, a late one too.
+        try:
+            outcome = await self._exchange_one(state, method, spec)
+        except BaseException:
+            state.request_counts = None
+            raise
+        if not outcome.ok:
+            state.request_counts = None
+        return outcome
+
+    async def _exchange_one(self, state: TargetState, method: str, spec: Route) -> EngineOutcome:
         label = state.target.label
         async with self._semaphore:
             started = time.perf_counter()
@@ -272,6 +297,11 @@ class HttpFleetClient:
             if reply.cut:  # over the read limit: refused, its connection already dropped
                 error = answer_too_long(spec.path, spec.limit)
                 return EngineOutcome(label, Outcome.FAILED, error=error, duration_s=duration)
+            if method == "has_work":  # GET /metrics: the outcome and the target's counts
+                outcome, state.request_counts = read_activity(
+                    label, reply.status, reply.body, duration
+                )
+                return outcome
             return interpret(label, method, reply.status, reply.body, duration)
 
     async def _fetch_version(self, state: TargetState) -> None:

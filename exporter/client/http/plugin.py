@@ -2,13 +2,21 @@
 
 A target whose URL ends in ``/dp`` (``--http-target a=http://10.0.0.5:8000/dp``) is a vLLM API
 server running the ``dp_exporter`` endpoint plugin. Its engines are read one by one: one
-``GET <url>/gate`` per poll (a fresh fan-out inside that server, shared by the poll's three
-read methods) answers every engine's ``sleeping``, ``paused`` and ``weight_version``, and each
-engine becomes one engine of this exporter, labelled ``<target>/<rank>`` — so one sidecar can
-watch many plugin-enabled servers with per-engine truth. Admin actions are not relayed to such a
-target (each server runs them per engine on its own ``POST /dp/admin/<action>``): their
-outcome is ``failed`` with that hint, and nothing is sent. Each rank's fault-tolerance status
-comes from vLLM's own route at the server's root (``server_root``; ``exporter.client.http.fault``).
+``GET <url>/gate`` per poll (a fresh fan-out inside that server, shared by the poll's read
+methods) answers every engine's ``sleeping``, ``paused``, ``weight_version`` and ``has_work``,
+and each engine becomes one engine of this exporter, labelled ``<target>/<rank>`` — so one
+sidecar can watch many plugin-enabled servers with per-engine truth. Admin actions are not
+relayed to such a target (each server runs them per engine on its own ``POST
+/dp/admin/<action>``): their outcome is ``failed`` with that hint, and nothing is sent. Each
+rank's fault-tolerance status comes from vLLM's own route at the server's root
+(``server_root``; ``exporter.client.http.fault``).
+
+``has_work`` is the server's own ``has_work`` utility call to each rank (vLLM's
+``EngineCore.has_work``: its batch queue and DP wave included), and each rank's running and
+waiting requests (``EngineDetail.requests``) are its entry's ``requests``, its front end's
+counts (``gate_counts``): a value that is not a count (negative, huge, not a number) leaves that
+rank's counts unknown, never zero. A plugin too old to answer ``has_work`` (no value and no
+failure for it) is unsupported for it (``NOT_PUBLISHED``), never idle.
 
 A target's ranks follow its answers (``follow_ranks``): at most ``MAX_ENGINES`` (an answer naming
 more is cut to its first ``MAX_ENGINES`` entries), a rank named again is kept, and a rank missing
@@ -29,6 +37,7 @@ from typing import Any
 from yarl import URL
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.activity import RequestCounts, read_activity_json
 from exporter.protocol.strings import bound_text, bound_value
 
 PLUGIN_SUFFIX = "/dp"
@@ -37,7 +46,12 @@ GATE_KEYS = {
     "is_sleeping": "sleeping",
     "is_scheduler_paused": "paused",
     "get_weight_version": "weight_version",
+    "has_work": "has_work",
 }
+#: Gate keys an older plugin does not answer: an entry without one (no value, no failure) is
+#: unsupported for it (``exporter.fleetstate.invariants.UNSUPPORTED_MARKERS``), not failed.
+LATER_KEYS = frozenset({"has_work"})
+NOT_PUBLISHED = "not published by this server (a dp_exporter plugin without it)"
 #: Engines one plugin target may report (vLLM's ranks fit in two bytes).
 MAX_ENGINES = 1024
 #: A rank missing from this many gate answers in a row is dropped; one or two answers without it
@@ -106,6 +120,15 @@ def gate_engines(status: int, body: bytes) -> list[str] | None:
     return sorted(ranks, key=int) if ranks else None
 
 
+def gate_counts(status: int, body: bytes) -> dict[str, RequestCounts] | None:
+    """Each rank's running and waiting requests from a gate answer (a rank whose ``requests``
+    is absent, null or not two counts is left out: unknown); None when it is no gate answer."""
+    doc = _doc(status, body)
+    if doc is None:
+        return None
+    return {e["engine"]: e["requests"] for e in _entries(doc) if e["requests"] is not None}
+
+
 def gate_outcomes(
     target: str,
     ranks: Sequence[str],
@@ -143,7 +166,8 @@ def gate_outcomes(
 def _failed(label: str, key: str, failures: list[str], duration_s: float) -> EngineOutcome:
     """The gate's failure text for ``key`` (``"sleeping: timeout"``, ``"paused: unsupported
     by this engine"``, ``"sleeping: failed (why)"``) as an outcome."""
-    text = next((f for f in failures if f.startswith(f"{key}:")), f"{key}: no answer")
+    missing = f"{key}: {NOT_PUBLISHED}" if key in LATER_KEYS else f"{key}: no answer"
+    text = next((f for f in failures if f.startswith(f"{key}:")), missing)
     why = text.partition(":")[2].strip()
     if why.startswith("timeout"):
         return EngineOutcome(label, Outcome.TIMEOUT, error=why, duration_s=duration_s)
@@ -178,7 +202,14 @@ def _entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
         unread = entry.get("unread", [])  # a bare gate's reads that did not answer
         said = [*failures, *(unread if isinstance(unread, list) else [])]
         texts = [bound_text(f) for f in said if isinstance(f, str)]
-        entries.append({"engine": str(int(rank)), "values": values, "failures": texts})
+        entries.append(
+            {
+                "engine": str(int(rank)),
+                "values": values,
+                "failures": texts,
+                "requests": read_activity_json(entry.get("requests")),
+            }
+        )
     return entries
 
 

@@ -4,8 +4,10 @@ shared by a poll's read methods becomes one outcome per rank.
 The server's own fan-out waits up to its own call timeout for a hung engine, so its answer may
 come after this poll's deadline: it then serves the next poll, if no older than two deadlines;
 a read that outlives two deadlines is abandoned (a body dripping a byte at a time is never
-waited for), and every answer is read up to ``MAX_ANSWER``. Admin actions are not relayed to
-such a server (it runs them on its own ``POST <url>/admin/<action>``).
+waited for), and every answer is read up to ``MAX_ANSWER``. Each rank's requests are those of
+the answer the last read used (``plugin.gate_counts``; none after an answer that failed). Admin
+actions are not relayed to such a server (it runs them on its own ``POST
+<url>/admin/<action>``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from exporter.client.http.plugin import (
     ACTION_HINT,
     GATE_KEYS,
     GateAnswer,
+    gate_counts,
     gate_engines,
     gate_outcomes,
 )
@@ -52,8 +55,10 @@ class PluginReads:
             return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
         answer = await self._answer(state, timeout_s)
         if answer is None:
+            state.forget_counts()
             return [timed_out(label, timeout_s) for label in state.labels()]
         if answer.error is not None:  # unreachable, over the read limit, or too slow
+            state.forget_counts()
             kind, error = answer.kind, answer.error
             return [EngineOutcome(label, kind, error=error) for label in state.labels()]
         status, body, duration = answer.status, answer.body, answer.duration_s
@@ -61,6 +66,10 @@ class PluginReads:
         if ranks is not None:
             for label in state.follow(answer, ranks):  # ranks the server stopped naming
                 self._dropped(label)
+        if answer is not state.counted:  # once per answer, whichever read method reads it
+            state.counted = answer
+            counts = gate_counts(status, body) or {}
+            state.rank_counts = {r: counts[r] for r in state.ranks if r in counts}
         if not state.ranks:  # nothing named yet: the target stands for its engines
             (outcome,) = gate_outcomes(state.target.label, ["?"], method, status, body, duration)
             return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]

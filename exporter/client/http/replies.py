@@ -17,6 +17,13 @@ map split again by the keys' ``dp..:pp..:pcp..:tp..:ep..:`` rank prefix).
 Every string of a reply (error texts, values, the values of an inconsistent answer) is cut by the
 rule owner and relay mode apply to engine replies, ``exporter.protocol.strings``.
 
+``has_work`` has no route of its own: it is read from vLLM's ``GET /metrics``
+(``read_activity``): the target's running and waiting requests, summed over the ranks (``engine``
+labels) the server publishes, and ``has_work`` true when they add up above zero. It fails closed:
+an answer without either family (vLLM with ``--disable-log-stats``) is unsupported
+(:data:`NOT_PUBLISHED`), never idle; one where any rank's series cannot be read (not a count, no
+``engine`` label, one of the two missing) is ``FAILED`` without counts.
+
 ``fault_entries`` reads vLLM 0.33's ``GET /fault_tolerance/status`` (not a utility method: its
 result is each rank's fault-tolerance status, ``EngineDetail.fault_status``; a target that is one
 engine to the exporter gets the worst of its ranks, ``worst_fault_status``).
@@ -31,6 +38,13 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.activity import (
+    MAX_RANKS,
+    METRIC_STATES,
+    RequestCounts,
+    metrics_counts,
+    total_counts,
+)
 from exporter.protocol.pushes import (
     FT_FAULTY,
     FT_UNKNOWN,
@@ -117,6 +131,8 @@ def split_checksums(checksums: dict[str, str]) -> list[dict[str, str]]:
 
 
 def unsupported_error(method: str) -> str:
+    if method == "has_work":  # vLLM serves /metrics without dev mode
+        return f"{UNSUPPORTED_HINT}: has_work (no GET /metrics)"
     return f"{UNSUPPORTED_HINT}: {method} (a vLLM without this route, or dev mode off)"
 
 
@@ -183,6 +199,57 @@ def _checksums(body: bytes) -> list[dict[str, str]]:
     return split_checksums(value)
 
 
+#: In the error of ``has_work`` from a ``/metrics`` without either request family (vLLM with
+#: ``--disable-log-stats``): the server does not publish its requests, so ``has_work`` is
+#: unsupported there (``exporter.fleetstate.invariants.UNSUPPORTED_MARKERS``), never idle.
+NOT_PUBLISHED = "not published by this server"
+_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="(\d{1,6})"')
+
+
+def _series_ranks(text: str) -> set[int | None]:
+    """The rank each ``vllm:num_requests_{running,waiting}`` series names (None: one names no
+    rank), stopping past ``MAX_RANKS`` ranks (more than any answer is read for)."""
+    ranks: set[int | None] = set()
+    for line in text.splitlines():
+        if not line.startswith("vllm:num_requests_"):
+            continue
+        name = re.split(r"[{\s]", line, maxsplit=1)[0]
+        if name not in METRIC_STATES:
+            continue
+        labels, brace, _ = line[len(name) :].partition("}")
+        match = _ENGINE_LABEL.search(labels.lstrip("{")) if brace else None
+        ranks.add(int(match.group(1)) if match else None)
+        if len(ranks) > MAX_RANKS:
+            break
+    return ranks
+
+
+def activity_counts(body: bytes) -> RequestCounts:
+    """``GET /metrics``'s 200 answer → the target's requests (the sum over its ranks);
+    ``Unreadable`` when it does not publish them (:data:`NOT_PUBLISHED`) or any of its ranks
+    cannot be read (a rank left out would make the sum a false "idle")."""
+    text = body.decode("utf-8", "replace")
+    named = _series_ranks(text)
+    if not named:
+        raise Unreadable(
+            f"request counts {NOT_PUBLISHED} (no vllm:num_requests_running or "
+            "vllm:num_requests_waiting in /metrics: vLLM with --disable-log-stats?)"
+        )
+    per_rank = metrics_counts(text) or {}
+    unread = named - per_rank.keys()
+    if None in unread:
+        raise Unreadable("a request-count series in /metrics names no engine: counts unknown")
+    if unread or not per_rank:
+        shown = sorted(r for r in unread if r is not None)[:8]
+        which = f"rank(s) {', '.join(map(str, shown))}" if shown else "any rank"
+        raise Unreadable(f"request counts of {which} in /metrics cannot be read: unknown")
+    return total_counts(per_rank)
+
+
+def _has_work(body: bytes) -> bool:
+    return activity_counts(body).total > 0
+
+
 #: Each method's route → how its 200 answer is read (a method not named here: the answer's key
 #: of the method's own name).
 DECODERS: dict[str, Decoder] = {
@@ -203,6 +270,7 @@ DECODERS: dict[str, Decoder] = {
     "reset_prefix_cache": _reset,
     "wake_up": _wake_up,
     "compute_weight_checksums": _checksums,
+    "has_work": _has_work,
 }
 
 
@@ -237,6 +305,21 @@ def interpret(
     except Unreadable as exc:
         return failed(str(exc))
     return EngineOutcome(label, Outcome.OK, bound_value(value), duration_s=duration_s)
+
+
+def read_activity(
+    label: str, status: int, body: bytes, duration_s: float | None
+) -> tuple[EngineOutcome, RequestCounts | None]:
+    """Pure: one ``GET /metrics`` reply → the ``has_work`` outcome (``interpret``'s) and the
+    target's requests (None unless the outcome is OK)."""
+    if status != 200:
+        return interpret(label, "has_work", status, body, duration_s), None
+    try:
+        counts = activity_counts(body)
+    except Unreadable as exc:
+        error = bound_text(str(exc))
+        return EngineOutcome(label, Outcome.FAILED, error=error, duration_s=duration_s), None
+    return EngineOutcome(label, Outcome.OK, counts.total > 0, duration_s=duration_s), counts
 
 
 def _snippet(body: bytes) -> str:

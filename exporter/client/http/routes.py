@@ -3,9 +3,10 @@ HTTP mode, ``docs/protocol.md`` F.4), and one exchange of a route with an API se
 (``exchange``: vLLM's connection habits, an answer read up to a fixed limit).
 
 Every answer is read up to :data:`MAX_ANSWER` (:data:`MAX_CHECKSUM_ANSWER` for the weight
-checksums): a target that sends more (a body that never ends) costs the exporter that much at
-most, its answer is refused (``Reply.cut``: the caller makes it a failed call naming the limit,
-``answer_too_long``) and its connection dropped, never reused.
+checksums, :data:`MAX_METRICS_ANSWER` for ``/metrics``): a target that sends more (a body that
+never ends) costs the exporter that much at most, its answer is refused (``Reply.cut``: the
+caller makes it a failed call naming the limit, ``answer_too_long``) and its connection dropped,
+never reused.
 
 Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``replies``):
 
@@ -22,6 +23,11 @@ Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``
 * ``resume_scheduler()`` → ``POST /resume``.
 * ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
 * ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
+* ``has_work`` → ``GET /metrics`` (vLLM has no route for it; served without dev mode): the
+  target's running and waiting requests, ``vllm:num_requests_running`` /
+  ``vllm:num_requests_waiting`` summed over the ``engine`` labels it publishes, and ``has_work``
+  true when they add up above zero (``replies.read_activity``). vLLM's batch queue and DP wave,
+  which its ``EngineCore.has_work`` also counts, do not show there.
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ MAX_ANSWER = 4 << 20
 #: worker behind the server (about 150 bytes each), several MiB for a large model; 32 MiB holds
 #: some 200,000 tensors. Only an admin action (authenticated, rate-limited) reads this much.
 MAX_CHECKSUM_ANSWER = 32 << 20
+#: ``GET /metrics`` (``has_work``): vLLM's whole Prometheus exposition, read every poll for two
+#: of its families. It holds every family of every engine the server manages (some 50-60 KiB
+#: per engine with its histograms, more with LoRA or spec-decode series): 16 MiB keeps a server
+#: of 256 engines whole; a longer answer is refused (``has_work`` failed, never guessed idle).
+MAX_METRICS_ANSWER = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,9 @@ def route(method: str, args: tuple[Any, ...] = ()) -> Route:
     if method == "get_weight_version":
         _no_args(method, args)
         return Route("GET", "/weight_info")
+    if method == "has_work":
+        _no_args(method, args)
+        return Route("GET", "/metrics", limit=MAX_METRICS_ANSWER)
     if method == "reset_prefix_cache":
         if len(args) > 2 or not all(isinstance(a, bool) for a in args):
             raise MethodNotAllowed("reset_prefix_cache takes at most two booleans")

@@ -1,9 +1,10 @@
 """The two kinds of HTTP-mode target and what the client knows of each
 (``exporter.client.http.client``): a dev-routes server (``TargetState``: whether it answered,
-its vLLM version) and a plugin-enabled server (``PluginTargetState``, URL ending in ``/dp``:
-also the ranks its ``/dp/gate`` answers name, followed answer by answer
-(``plugin.follow_ranks``) so a target holds at most ``MAX_ENGINES`` engines and none its server
-stopped naming, and the gate answer its read methods share).
+its vLLM version, its requests as its last ``has_work`` read found them) and a plugin-enabled
+server (``PluginTargetState``, URL ending in ``/dp``: also the ranks its ``/dp/gate`` answers
+name, followed answer by answer (``plugin.follow_ranks``) so a target holds at most
+``MAX_ENGINES`` engines and none its server stopped naming, each rank's requests, and the gate
+answer its read methods share).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from exporter.client.http.plugin import (
     is_plugin_url,
     server_root,
 )
+from exporter.protocol.activity import RequestCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +38,11 @@ class TargetState:
 
     target: HttpTarget
     connected: bool = False
+    #: HTTP requests sent to it (all routes).
     requests: int = 0
+    #: Its running and waiting requests (``/metrics``, summed over its ranks) as the last
+    #: ``has_work`` read found them; None after any failure.
+    request_counts: RequestCounts | None = None
     #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
     vllm_version: str | None = None
     version_pending: bool = False
@@ -49,6 +55,10 @@ class TargetState:
     def labels(self) -> list[str]:
         return [self.target.label]
 
+    def counts_by_label(self) -> dict[str, RequestCounts | None]:
+        """Each engine label of the target → its requests (None: unknown)."""
+        return {self.target.label: self.request_counts}
+
 
 @dataclass(slots=True)
 class PluginTargetState(TargetState):
@@ -56,6 +66,9 @@ class PluginTargetState(TargetState):
     engine of its own, followed answer by answer; read by ``plugin_read.PluginReads``."""
 
     ranks: list[str] = field(default_factory=list)
+    #: Each rank → its requests as the gate answer ``counted`` said (absent: unknown).
+    rank_counts: dict[str, RequestCounts] = field(default_factory=dict)
+    counted: GateAnswer | None = None
     #: Each rank of ``ranks`` → gate answers in a row that did not name it.
     absent: dict[str, int] = field(default_factory=dict)
     #: The gate answer ``ranks`` last followed (each answer moves them once, whichever of the
@@ -80,6 +93,16 @@ class PluginTargetState(TargetState):
             return [engine_label(self.target.label, r) for r in self.ranks]
         return [self.target.label]
 
+    def counts_by_label(self) -> dict[str, RequestCounts | None]:
+        if not self.ranks:
+            return {self.target.label: None}
+        return {engine_label(self.target.label, r): self.rank_counts.get(r) for r in self.ranks}
+
+    def forget_counts(self) -> None:
+        """No gate answer to read this time: every rank's requests are unknown."""
+        self.rank_counts.clear()
+        self.counted = None
+
     def follow(self, answer: GateAnswer, named: list[str]) -> list[str]:
         """Move the ranks by ``answer`` (naming ``named``), once per answer; the labels of
         the engines it dropped (for their per-engine records to be forgotten)."""
@@ -89,6 +112,8 @@ class PluginTargetState(TargetState):
         before = self.labels()
         self.absent = follow_ranks(self.absent, named)
         self.ranks = sorted(self.absent, key=int)
+        for rank in [r for r in self.rank_counts if r not in self.absent]:
+            del self.rank_counts[rank]
         kept = set(self.labels())
         return [label for label in before if label not in kept]
 

@@ -51,8 +51,9 @@ from exporter.protocol.strings import bound_text, bound_value
 log = logging.getLogger("exporter.inprocess")
 
 #: This client's calls per engine that may wait in vLLM's client for a reply at once (a poll
-#: asks three methods at once; the gate and an admin action may add one each).
-MAX_IN_FLIGHT = 8
+#: asks four methods at once: two polls, the gate and an admin action fit, then a hung engine
+#: is not asked more until it answers).
+MAX_IN_FLIGHT = 12
 #: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
 FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
@@ -94,6 +95,7 @@ class InProcessFleetClient:
         labels = [label for label, _ in self.core.engines()]
         self._read_fault_statuses(labels)
         faults = self.pushes.fault_status
+        counts = self.core.request_counts([int(label) for label in labels]) or {}
         return [
             EngineDetail(
                 engine=label,
@@ -104,6 +106,7 @@ class InProcessFleetClient:
                 handshakes=1,
                 kv_events=kv_events.get(label),
                 fault_status=faults.get(label),
+                requests=counts.get(int(label)),
             )
             for label in labels
         ]
@@ -113,8 +116,9 @@ class InProcessFleetClient:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Fault-tolerance status where this vLLM's front end keeps a table of it."""
-        return Capabilities(fault_status=self.core.keeps_fault_status())
+        """Fault-tolerance status where this vLLM's front end keeps a table of it; request
+        counts where it subscribes to the DP coordinator's (``VllmCore.request_counts``)."""
+        return Capabilities(fault_status=self.core.keeps_fault_status(), request_counts=True)
 
     def supports(self, method: str) -> bool:
         return method in self._allowed

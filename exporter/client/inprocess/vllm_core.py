@@ -13,7 +13,12 @@ vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``
   as its registration carried it (optional here: ``{}`` without it);
 * ``_engine_status`` (vLLM 0.33, optional): the front end's copy of the fault-tolerance
   sentinels' pushes, DP rank → ``{"id", "status", "fault_info"?}`` (``{}`` with fault tolerance
-  off); what ``GET /fault_tolerance/status`` answers.
+  off); what ``GET /fault_tolerance/status`` answers;
+* ``lb_engines`` with ``engine_ranks_managed`` (optional): the DP coordinator's last published
+  ``[waiting, running, kv_cache_usage]`` of each managed rank, what vLLM's front end routes by.
+  Only live while the front end's subscription to the coordinator runs
+  (``resources.stats_update_task``; vLLM's internal load balancing): otherwise the table stays
+  at its initial zeros, so it is not read at all (unknown, never idle).
 
 Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
 caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.error import ConfigError, ProtocolError
+from exporter.protocol.activity import RequestCounts, read_lb_entry
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 from exporter.protocol.pushes import (
     RankStatus,
@@ -172,6 +178,28 @@ class VllmCore:
                 found[rank] = unreadable(rank, f"names engine {named}")
             else:
                 found[rank] = read_rank_status(entry, rank)
+        return found
+
+    def request_counts(self, ranks: Sequence[int]) -> dict[int, RequestCounts] | None:
+        """Rank → its running and waiting requests from the front end's load-balancing table
+        (``lb_engines``), for ``ranks`` only, each entry read by the one rule (a rank whose
+        entry is not two counts is left out: unknown). None when this front end has no live
+        table (no coordinator subscription, or it ended)."""
+        core = self.core
+        task = getattr(core.resources, "stats_update_task", None)
+        if task is None or (callable(getattr(task, "done", None)) and task.done()):
+            return None
+        table = getattr(core, "lb_engines", None)
+        managed = getattr(core, "engine_ranks_managed", None)
+        if not isinstance(table, list) or not isinstance(managed, list):
+            return None
+        wanted = set(ranks)
+        found = {}
+        for position, rank in enumerate(managed[: len(table)]):
+            if type(rank) is int and rank in wanted:
+                counts = read_lb_entry(table[position])
+                if counts is not None:
+                    found[rank] = counts
         return found
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:

@@ -126,7 +126,11 @@ class OwnerTransport(EngineDataPlane):
         link.registration = None
         link.slot = 0
         link.handshakes += 1
-        init = encode_init([self.input_address], [link.output_address])
+        init = self._init_for(link)
         sock.send_multipart([link.identity, init], flags=zmq.NOBLOCK)
         self._set_phase(link, Phase.INIT_SENT)
         log.info("engine %d: HELLO answered with INIT", link.engine_index)
+
+    def _init_for(self, link: EngineLink) -> bytes:
+        """The INIT ``link``'s engine gets: the exporter's addresses, no coordinator."""
+        return encode_init([self.input_address], [link.output_address])

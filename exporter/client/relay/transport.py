@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -51,14 +52,17 @@ from exporter.client.enginecore import sockets
 from exporter.client.enginecore.dataplane import EngineDataPlane
 from exporter.client.enginecore.events import TransportListener
 from exporter.client.enginecore.links import EngineLink, FleetShape, Phase
+from exporter.client.relay.coordinator import CoordinatorCounts
 from exporter.error import ProtocolError
 from exporter.protocol import (
     HELLO,
     READY,
     RELAY_UPSTREAM_TIMEOUT_S,
     decode_handshake_message,
+    decode_init,
     engine_identity,
 )
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.relay import append_client_slot
 from exporter.protocol.utility import MAX_CLIENT_INDEX
 
@@ -120,6 +124,11 @@ class RelayTransport(EngineDataPlane):
     ) -> None:
         super().__init__(config, listener, faults, context=context, state_writes=state_writes)
         self.config = config
+        first = config.start_rank
+        #: The DP coordinator's counts, once a forwarded INIT names its publication.
+        self.coordinator = CoordinatorCounts(
+            self._ctx, faults, range(first, first + config.engine_count)
+        )
         self.handshake_results: Counter[str] = handshakes if handshakes is not None else Counter()
         self._closed = False
 
@@ -128,6 +137,9 @@ class RelayTransport(EngineDataPlane):
             "vllm_dp_relay_handshakes_total": self.handshake_results,
             **super().counters(),
         }
+
+    def request_counts(self) -> Mapping[int, RequestCounts]:
+        return self.coordinator.counts()
 
     def _new_link(self, engine_index: int) -> RelayLink:
         return RelayLink(engine_index, engine_identity(engine_index))
@@ -152,6 +164,7 @@ class RelayTransport(EngineDataPlane):
     async def _close_control(self) -> None:
         """Stop relaying; an upstream socket still mid-handshake is closed with linger 0."""
         self._closed = True
+        await self.coordinator.close()
         await self._close_handshake()
         tasks = []
         for link in self._links.values():
@@ -290,6 +303,7 @@ class RelayTransport(EngineDataPlane):
         forwarded = frames
         if len(frames) == 1:
             link.init_upstream = frames[0]
+            self._follow_coordinator(frames[0])
             try:
                 new_init, slot = append_client_slot(
                     frames[0], self.input_address, link.output_address
@@ -320,6 +334,15 @@ class RelayTransport(EngineDataPlane):
         self._handshake.send_multipart([link.identity, *forwarded], flags=zmq.NOBLOCK)
         self._set_phase(link, Phase.INIT_SENT)
         log.info("engine %d: INIT relayed (exporter client_index %s)", link.engine_index, link.slot)
+
+    def _follow_coordinator(self, init: bytes) -> None:
+        """Subscribe to the counts the DP coordinator publishes to the front end, as named in
+        its INIT (the front end's own subscription is untouched)."""
+        try:
+            address = decode_init(init).addresses.frontend_stats_publish_address
+        except ProtocolError:
+            return  # counted where the INIT is rewritten
+        self.coordinator.follow(address)
 
     async def _relay_ready(self, link: RelayLink, payload: bytes) -> None:
         if link.phase is not Phase.INIT_SENT or link.ready or link.upstream is None:

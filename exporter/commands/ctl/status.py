@@ -1,4 +1,8 @@
-"""``ctl status``: the per-engine state from ``GET /status`` (``exporter.remote.Client.status``)."""
+"""``ctl status``: the per-engine state from ``GET /status`` (``exporter.remote.Client.status``):
+one row per engine with its state, invariants, fault-tolerance status and activity (vLLM's
+``has_work`` answer and its running and waiting requests; ``-`` while unknown: not read in
+this attach mode, not this poll, or an exporter older than them). ``--json`` prints the
+document as the exporter sent it."""
 
 from __future__ import annotations
 
@@ -29,11 +33,30 @@ def add_status_command(sub: Any) -> None:
     add_connection_options(status)
 
 
+HEADERS = [
+    "ENGINE",
+    "STATE",
+    "UP",
+    "OUTCOME",
+    "WEIGHTS",
+    "VLLM",
+    "FAULT",
+    "HAS_WORK",
+    "RUNNING",
+    "WAITING",
+    "ERROR",
+]
+
+
 def _engine_row(e: dict[str, Any]) -> list[str]:
-    """One engine: its ``is_sleeping`` answer and, while it is up, its weight version."""
+    """One engine: its ``is_sleeping`` answer, its weight version while it is up, and what
+    it is doing (``has_work``, running and waiting requests; ``-`` while unknown)."""
     invariants = e.get("invariants", {})
     sleeping = invariants.get("is_sleeping", {})
     weights = invariants.get("get_weight_version", {}).get("value") if e.get("up") else None
+    activity = e.get("activity")
+    if not isinstance(activity, dict):  # an exporter older than the field
+        activity = {}
     return [
         text(e.get("engine")),
         text(e.get("state")),
@@ -42,6 +65,9 @@ def _engine_row(e: dict[str, Any]) -> list[str]:
         text(weights),
         text(e.get("vllm_version")),
         _fault(e.get("fault_tolerance")),
+        text(activity.get("has_work")),
+        text(activity.get("running")),
+        text(activity.get("waiting")),
         text(sleeping.get("error")),
     ]
 
@@ -80,8 +106,7 @@ def format_status(body: dict[str, Any]) -> str:
         if verdict_body.get("error"):
             head += f"\n{clean(verdict_body['error'])}"
     rows = [_engine_row(e) for e in body.get("engines", [])]
-    headers = ["ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "FAULT", "ERROR"]
-    return head + "\n" + table(headers, rows)
+    return head + "\n" + table(HEADERS, rows)
 
 
 async def run_status(args: argparse.Namespace) -> int:

@@ -1,12 +1,15 @@
 """``ctl wait``: poll ``GET /gate`` until every engine meets the conditions, or time out.
 
 The one line an RL script runs before it resumes traffic:
-``ctl wait --weight-version V --awake --resumed --timeout 300``. Exit 0 once the gate answers
-200; exit 1 when the timeout passes (printing, per failing engine, what still fails) or when
-the gate rejects the question itself (400: a bad condition; 404: no gate on that address).
-Connection errors, 412 and 5xx answers are retried until the timeout: an exporter that is
-restarting, or engines that are still waking, do not fail the script at once. The loop is
-``exporter.remote.Client.wait``'s.
+``ctl wait --weight-version V --awake --resumed --timeout 300``; before a weight update,
+``ctl wait --drained --timeout 60`` holds once every rank has finished its work. Exit 0 once
+the gate answers 200; exit 1 when the timeout passes (printing, per failing engine, what still
+fails) or when the gate rejects the question itself (400: a bad condition; 404: no gate on that
+address); exit 4 for a condition no engine can answer (501). While it waits, each change in
+what still fails goes to stderr (``ctl: waiting (2.0s): engine 1: drained: has work
+(running 2, waiting 0), expected drained=true``). Connection errors, 412 and 5xx answers are
+retried until the timeout: an exporter that is restarting, or engines that are still waking,
+do not fail the script at once. The loop is ``exporter.remote.Client.wait``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from exporter.commands.ctl.common import (
     connect,
     text,
 )
-from exporter.remote import RemoteError, Unsupported, WaitTimeout
+from exporter.remote import BadRequest, Progress, RemoteError, Unsupported, WaitTimeout
 from exporter.remote.waiting import REQUEST_TIMEOUT_S
 
 
@@ -49,6 +52,15 @@ def add_wait_command(sub: Any) -> None:
         action="store_true",
         help="no rank reports an unhealthy, dead or unknown fault-tolerance status",
     )
+    work = p.add_mutually_exclusive_group()
+    work.add_argument(
+        "--drained",
+        dest="drained",
+        action="store_true",
+        default=None,
+        help="every rank finished its work (has_work false, no request running or waiting)",
+    )
+    work.add_argument("--busy", dest="drained", action="store_false", help="every rank has work")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--json", action="store_true", help="print the last gate answer as JSON")
@@ -65,6 +77,8 @@ def gate_params(args: argparse.Namespace) -> dict[str, str]:
         params["paused"] = str(args.paused).lower()
     if args.healthy:
         params["healthy"] = "true"
+    if args.drained is not None:
+        params["drained"] = str(args.drained).lower()
     return params
 
 
@@ -73,7 +87,8 @@ def describe_conditions(conditions: dict[str, Any]) -> str:
 
 
 def format_failing(body: dict[str, Any]) -> str:
-    """What still fails, one line per failing engine (every string sanitised)."""
+    """What still fails, one line per failing engine (every string sanitised); the gate's
+    ``drained`` failure carries the rank's running and waiting counts where they are known."""
     lines = []
     if body.get("error"):
         lines.append(clean(body["error"]))
@@ -88,6 +103,40 @@ def format_failing(body: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def progress_lines(progress: Progress) -> list[str]:
+    """What one check that did not open the gate says: what still fails (a line per failing
+    engine), or why the gate could not be asked."""
+    if progress.result is not None:
+        failing = format_failing(dict(progress.result.raw))
+        if failing:
+            return failing.splitlines()
+    return [progress.summary]
+
+
+class Reporter:
+    """``wait``'s progress on stderr: what still fails, each time it changes (a rank that
+    drains shows its new counts; an unchanged answer prints nothing)."""
+
+    def __init__(self) -> None:
+        self.last: list[str] = []
+
+    def __call__(self, progress: Progress) -> None:
+        lines = progress_lines(progress)
+        if lines == self.last:
+            return
+        self.last = lines
+        for line in lines:
+            print(f"ctl: waiting ({progress.elapsed_s:.1f}s): {line}", file=sys.stderr)
+
+
+def rejected(exc: RemoteError, params: dict[str, str]) -> str:
+    """Why the gate rejected the question (an exporter older than ``drained`` says so)."""
+    line = f"HTTP {exc.status} from {exc.url}: {exc.detail}"
+    if isinstance(exc, BadRequest) and "drained" in params and "'drained'" in exc.detail:
+        line += " (this exporter predates the drained condition: upgrade it)"
+    return line
+
+
 async def run_wait(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout < 0:
         print("ctl: --interval must be positive and --timeout not negative", file=sys.stderr)
@@ -99,6 +148,7 @@ async def run_wait(args: argparse.Namespace) -> int:
             opened = await client.wait(
                 params,
                 args.timeout,
+                progress=Reporter(),
                 interval_s=args.interval,
                 request_timeout_s=REQUEST_TIMEOUT_S,
             )
@@ -118,7 +168,7 @@ async def run_wait(args: argparse.Namespace) -> int:
             print(f"ctl: {describe_conditions(params)}: {exc}", file=sys.stderr)
             return EXIT_UNSUPPORTED
         except RemoteError as exc:  # the question itself is wrong (a 4xx but 412)
-            print(f"ctl: HTTP {exc.status} from {exc.url}: {exc.detail}", file=sys.stderr)
+            print(f"ctl: {rejected(exc, params)}", file=sys.stderr)
             return EXIT_ERROR
     body = dict(opened.raw)
     conditions = describe_conditions(body.get("conditions", {}))

@@ -81,6 +81,22 @@
     if (i.outcome === "ok") { return [show(i.value), false]; }
     return [String(i.outcome), i.outcome !== "unsupported"];
   }
+  function ftCell(ft) {
+    if (!ft) { return ["-", false]; }
+    var status = String(ft.status);
+    return [ft.fault_info ? status + " (" + ft.fault_info + ")" : status, status !== "healthy"];
+  }
+  function activityCell(a) {
+    a = a || {};
+    var drained = a.drained;
+    var kind = (drained === null || drained === undefined) ? "unknown" :
+      (drained ? "drained" : "busy");
+    var word = {busy: "has work", drained: "drained", unknown: "unknown"}[kind];
+    var counts = ["running", "waiting"].filter(function (k) {
+      return a[k] !== null && a[k] !== undefined;
+    }).map(function (k) { return k + " " + a[k]; });
+    return [counts.length ? word + " (" + counts.join(", ") + ")" : word, kind];
+  }
   function engineRow(e) {
     var up = !!e.up;
     var cells = [el("td", {}, [String(e.engine)]),
@@ -94,6 +110,10 @@
       error = error || i.error || "";
     });
     cells.push(el("td", {}, [String(e.vllm_version || "-")]));
+    var ft = ftCell(e.fault_tolerance);
+    cells.push(el("td", {"class": "ft" + (ft[1] ? " bad" : "")}, [ft[0]]));
+    var act = activityCell(e.activity);
+    cells.push(el("td", {"class": "act act-" + act[1], "data-activity": act[1]}, [act[0]]));
     cells.push(el("td", {"class": "err"}, [String(error)]));
     var attrs = {"data-engine": String(e.engine), "data-up": up ? "true" : "false"};
     if (!up) { attrs["class"] = "down"; }

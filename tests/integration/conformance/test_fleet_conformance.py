@@ -74,7 +74,12 @@ async def test_every_read_method_is_answered_by_every_engine(
     fleet_kind: FleetKind, request: pytest.FixtureRequest
 ) -> None:
     expect_gap(fleet_kind, EVERY_READ_METHOD, request)
-    expected = {"is_sleeping": False, "is_scheduler_paused": False, "get_weight_version": None}
+    expected = {
+        "is_sleeping": False,
+        "is_scheduler_paused": False,
+        "get_weight_version": None,
+        "has_work": False,
+    }
     assert set(expected) == READ_METHODS
     for method, value in expected.items():
         outcomes = await timed_call(fleet_kind, method, ANSWER_S)

@@ -175,7 +175,8 @@ async def test_slow_target_does_not_delay_the_poll(
         text, "vllm_dp_utility_calls_total", method="is_sleeping", engine="slow", outcome="timeout"
     )
     assert value(text, "vllm_dp_engine_up", engine="0") == 1
-    assert value(text, "vllm_dp_engines_connected") == 1
+    # The hung engine's server still answers GET /metrics (has_work): it is connected.
+    assert value(text, "vllm_dp_engines_connected") == 2
 
 
 async def test_admin_reset_partial_failure_names_the_target(
@@ -293,10 +294,15 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     # Only the metrics the catalog marks as engine-socket ones (the state file) differ.
     zmq_only = {s.name for s in METRICS if "http" not in s.modes and "owner" in s.modes}
     assert zmq_only
-    assert families(http_text) == families(zmq_text) - zmq_only
+    # And the families only HTTP mode declares (the request counts, from each target's
+    # /metrics: owner mode has none).
+    http_only = {s.name for s in METRICS if "http" in s.modes and "owner" not in s.modes}
+    assert families(http_text) - http_only == families(zmq_text) - zmq_only
     zmq_labels, http_labels = label_names(zmq_text), label_names(http_text)
     for name in zmq_only:
         zmq_labels.pop(name, None)
+    for name in http_only:
+        http_labels.pop(name, None)
     for name in set(zmq_labels) & set(http_labels):
         assert http_labels[name] == zmq_labels[name], name
     # Nothing is missing: is_scheduler_paused goes to GET /is_paused, engine_info comes from

@@ -24,7 +24,7 @@ import pytest
 from fastapi import FastAPI
 
 from exporter.control.actions import ACTIONS
-from exporter.fleetstate.invariants import INVARIANTS
+from exporter.fleetstate.invariants import READS
 from exporter.inprocess.plugin import DpExporterPlugin
 from exporter.inprocess.routes import NO_TOKEN
 from exporter.sim.options import RequestHook, SimOptions, SimReply
@@ -43,7 +43,7 @@ from tests.harness.statusschema import validate_status
 
 AppFactory = PluginApps
 #: What every poll asks each engine: anything else an engine received came from an action.
-POLL_METHODS = frozenset(inv.method for inv in INVARIANTS)
+POLL_METHODS = frozenset(inv.method for inv in READS)
 
 
 def token_file(tmp_path: Path) -> str:

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
+from tests.harness.apiservers import ApiServer, ApiServers, http_config
 from tests.harness.secure import SecureFleets
-from tests.harness.service import ServiceFactory, Services
+from tests.harness.service import Service, ServiceFactory, Services
 from tests.harness.tls import Pki, make_pki
 
 
@@ -55,3 +56,17 @@ async def serve_app() -> AsyncIterator[AppServer]:
     yield start
     for runner in runners:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def http_fleet() -> AsyncIterator[tuple[Service, list[ApiServer]]]:
+    """HTTP mode over two simulated API servers of one engine each (targets ``0`` and ``1``):
+    vLLM's ``/metrics`` publishes each one's running and waiting requests."""
+    apis, services = ApiServers(), Services(start=False)
+    try:
+        servers = [await apis.start(engines=1), await apis.start(engines=1)]
+        svc = await services.serve(http_config([s.url for s in servers], gate_min_interval=0.0))
+        yield svc, servers
+    finally:
+        await services.close()
+        await apis.close()

@@ -123,7 +123,8 @@ async def test_ctl_status_table_and_json(fleet_factory: ServiceFactory) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("fleet: awake  engines connected 3/3")
     assert lines[1].split() == [
-        "ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "FAULT", "ERROR"
+        "ENGINE", "STATE", "UP", "OUTCOME", "WEIGHTS", "VLLM", "FAULT",
+        "HAS_WORK", "RUNNING", "WAITING", "ERROR",
     ]  # fmt: skip
     assert [line.split()[:4] for line in lines[2:]] == [
         [str(i), "awake", "up", "ok"] for i in range(3)

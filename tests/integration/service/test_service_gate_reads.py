@@ -14,7 +14,8 @@ QUERIES = {
     "healthy": ("/gate?healthy=true", {"is_sleeping"}),
     "paused": ("/gate?paused=false", {"is_sleeping", "is_scheduler_paused"}),
     "weights": ("/gate?weight_version=v1&healthy=true", {"is_sleeping", "get_weight_version"}),
-    "none": ("/gate", {"is_sleeping", "is_scheduler_paused", "get_weight_version"}),
+    "drained": ("/gate?drained=true", {"is_sleeping", "has_work"}),
+    "none": ("/gate", {"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work"}),
 }
 
 

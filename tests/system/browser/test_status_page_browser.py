@@ -1,6 +1,7 @@
 """The status page (docs/status.md) in a real browser (headless Chromium) and /status against its
-schema, for a fleet in each state: consistent, inconsistent (after a partly failed admin
-action), unknown (an engine that stopped answering) and one engine down (disconnected).
+schema, for a fleet in each state: consistent (one engine with work), inconsistent (after a
+partly failed admin action), unknown (an engine that stopped answering) and one engine down
+(disconnected).
 
 The DOM is read after the page's script fetched /status and rebuilt the sections (``data-live``
 counts those refreshes), so the no-JS render and the script's render are both checked. A
@@ -70,10 +71,13 @@ async def load(fleet: Service, tmp_path: Path, name: str) -> Dom:
     dom = Dom(run.out)
     (body,) = dom.find_all(data_refresh_ms="5000")
     assert int(body.attrs["data-live"]) >= 1, "the page's script did not refresh from /status"
-    # The script draws the same banners and rows as the server (ages aside).
+    # The script draws the same banners and rows as the server (ages aside), cell for cell
+    # where a cell is the engine's fault-tolerance status or activity.
     for method in METHODS:
         assert _words(dom, method) == _words(server, method)
     assert _rows(dom) == _rows(server)
+    assert _cell_counts(dom) == _cell_counts(server)
+    assert activity(dom) == activity(server)
     shot = tmp_path / f"status-page-{name}.png"
     await screenshot(CHROMIUM, tmp_path / f"profile-{name}-shot", fleet.url + "/", shot)
     target = os.environ.get("VLLM_DP_SCREENSHOT_DIR")
@@ -92,6 +96,16 @@ def _rows(dom: Dom) -> list[tuple[str, str, str]]:
     return [(r.attrs["data-engine"], r.attrs["data-up"], r.attrs.get("class", "")) for r in rows]
 
 
+def _cell_counts(dom: Dom) -> list[int]:
+    return [len(descendants(r, "td")) for r in descendants(dom.by_id("engine-rows"), "tr")]
+
+
+def activity(dom: Dom) -> list[tuple[str, str]]:
+    """Each row's activity cell: (kind, text), kind ``busy``, ``drained`` or ``unknown``."""
+    cells = [c for c in descendants(dom.by_id("engine-rows"), "td") if "data-activity" in c.attrs]
+    return [(c.attrs["data-activity"], c.text) for c in cells]
+
+
 def banner(dom: Dom, method: str) -> str:
     state, text = _words(dom, method)
     return f"{state}: {text}"
@@ -107,9 +121,12 @@ async def test_status_page_in_every_fleet_state(
         per_engine={"ignore_state_changes": {2: True}},
     )
     seed_history(fleet)
+    fleet.engines[3].state.submit(600.0, time.monotonic(), 1)  # until the pause aborts it
 
-    # Consistent: every banner says so in words, four rows, all up, no action yet.
+    # Consistent: every banner says so in words, four rows, all up, no action yet; engine 3
+    # has work (owner mode reads has_work; vLLM publishes no counts to it).
     dom = await load(fleet, tmp_path, "consistent")
+    assert activity(dom) == [("drained", "drained")] * 3 + [("busy", "has work")]
     assert (
         banner(dom, "is_sleeping")
         == "consistent: ✔ Sleep state is_sleeping CONSISTENT false (awake)"
@@ -149,6 +166,8 @@ async def test_status_page_in_every_fleet_state(
         assert banner(dom, method).startswith("unknown: ? ")
         assert banner(dom, method).endswith("UNKNOWN no answer from engine 1")
     assert _rows(dom)[1] == ("1", "false", "down")
+    assert activity(dom)[1] == ("unknown", "unknown")
+    assert activity(dom)[3] == ("drained", "drained")  # the pause (abort) dropped its work
     fleet.engines[1].options.hang = False
 
     # One engine down: engine 3 exits; its row says DOWN (disconnected).

@@ -31,6 +31,11 @@ REQUIRED_METRICS = {
     "vllm_dp_weight_version_consistent",
     "vllm_dp_admin_actions_total",
     "vllm_dp_admin_action_engine_failures_total",
+    # activity per rank (docs/activity.md)
+    "vllm_dp_engine_requests",
+    "vllm_dp_engine_has_work",
+    "vllm_dp_engine_routable",
+    "vllm_dp_engine_unresponsive_seconds",
 }
 
 
@@ -192,3 +197,38 @@ def test_provisioning():
         and m.split(":")[0].endswith("grafana/dashboards")
         for m in mounts
     ), mounts
+
+
+def test_activity_row():
+    """docs/activity.md on the dashboard: running and waiting requests per rank over time, and
+    has_work, routable and hung as per-rank state timelines that name both values."""
+    panels = _panels()
+    rows = [p["title"] for p in panels if p["type"] == "row"]
+    assert any(title.startswith("Activity") for title in rows), rows
+
+    def shown(kind: str, *needles: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in panels
+            if p["type"] == kind
+            and any(all(n in t["expr"] for n in needles) for t in p.get("targets", []))
+        ]
+
+    for state in ("running", "waiting"):
+        assert shown("timeseries", "vllm_dp_engine_requests{", f'state="{state}"'), state
+    for needle, texts in (
+        ("vllm_dp_engine_has_work", {"has work", "no work"}),
+        ("vllm_dp_engine_routable", {"routable", "not routable"}),
+        ('state="hung"', {"hung", "not hung"}),
+    ):
+        found = [
+            p
+            for p in shown("state-timeline", needle)
+            if texts
+            <= {
+                opt["text"]
+                for m in p["fieldConfig"]["defaults"].get("mappings", [])
+                for opt in m.get("options", {}).values()
+            }
+        ]
+        assert found, f"no state timeline for {needle} naming {texts}"

@@ -18,6 +18,8 @@ REQUIRED_ALERTS = {
     "VllmDpEnginesMissing",
     "VllmDpExporterPollsStale",
     "VllmDpStateFileWriteFailing",
+    "VllmDpEngineHung",
+    "VllmDpRequestsOnUnroutableEngine",
 }
 SEVERITIES = {"critical", "warning", "info"}
 
@@ -281,3 +283,32 @@ def test_sleep_state_mismatch_recording_rule():
         check["expr"] for case in _unit_test_cases() for check in case.get("promql_expr_test", [])
     }
     assert "vllm_dp:engine_sleep_state_mismatch" in tested
+
+
+def test_requests_on_unroutable_engine_needs_known_counts():
+    """Waiting requests on a rank that is not routable, joined per rank; an unknown count (no
+    vllm_dp_engine_requests series: owner and relay mode) must never match, and a promtool case
+    proves it: an unroutable rank without a waiting series keeps the alert silent."""
+    name = "VllmDpRequestsOnUnroutableEngine"
+    expr = {rule["alert"]: rule for rule in artefacts.alerting_rules()}[name]["expr"]
+    assert 'vllm_dp_engine_requests{state="waiting"}' in expr
+    assert "vllm_dp_engine_routable == 0" in expr
+    assert "and on (job, instance, engine)" in expr
+    assert "unless" not in expr and " or " not in expr  # an absent count is no match
+
+    def rank(series: str) -> tuple[str, tuple[str, ...]]:
+        metric, _, labels = series.partition("{")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        return metric, tuple(found.get(k, "") for k in ("job", "instance", "engine"))
+
+    proved = False
+    for case in _unit_test_cases():
+        ranks = [rank(s["series"]) for s in case["input_series"]]
+        counted = {r for metric, r in ranks if metric == "vllm_dp_engine_requests"}
+        without_counts = [
+            r for metric, r in ranks if metric == "vllm_dp_engine_routable" and r not in counted
+        ]
+        checks = [c for c in case.get("alert_rule_test", []) if c["alertname"] == name]
+        if without_counts and checks and not any(c.get("exp_alerts") for c in checks):
+            proved = True
+    assert proved, f"no promtool case where {name} stays silent without request counts"

@@ -2,7 +2,9 @@
 
 Every dashboard query must return data, every rule expression must parse, and the
 inconsistency alert must reach ``firing`` when the demo's lagging engine makes the fleet
-disagree (the rules are loaded from a test copy whose ``for:`` durations are 0s).
+disagree (the rules are loaded from a test copy whose ``for:`` durations are 0s). A second demo
+in HTTP mode is scraped beside the owner-mode one: owner mode knows no request counts, so the
+dashboard's request panels get their data from it (docs/activity.md, per attach mode).
 """
 
 from __future__ import annotations
@@ -51,9 +53,46 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     prometheus = tool("prometheus")
     tmp = tmp_path_factory.mktemp("prom")
     port, admin, prom_port = free_listen_port(), free_listen_port(), free_listen_port()
+    http_port, http_admin = free_listen_port(), free_listen_port()
     rules_module = render_rules()
     short_rules: str = rules_module.rules_with_for(rules_module.read_rules(), "0s")
-    demo = subprocess.Popen(
+    demo = start_demo("owner", 3, port, admin)
+    http_demo = start_demo("http", 2, http_port, http_admin)
+    (tmp / "rules.yml").write_text(short_rules)
+    (tmp / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\n"
+        "rule_files: [rules.yml]\n"
+        "scrape_configs:\n  - job_name: vllm-dp-exporter\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{port}', '127.0.0.1:{http_port}']}}]\n"
+    )
+    prom = start_prometheus(prometheus, tmp, prom_port)
+    try:
+        urls = {
+            "exporter": f"http://127.0.0.1:{port}",
+            "http_exporter": f"http://127.0.0.1:{http_port}",
+            "owner": f'instance="127.0.0.1:{port}"',  # the owner-mode demo's series
+            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "started": str(time.time()),
+        }
+        wait_for(
+            lambda: len(query(urls, f"vllm_dp_engine_up{{{urls['owner']}}} == 1")) == 3,
+            40,
+            "3 engines up in Prometheus",
+        )
+        wait_for(
+            lambda: query(urls, f'vllm_dp_engine_requests{{instance="127.0.0.1:{http_port}"}}'),
+            40,
+            "the HTTP-mode demo's request counts in Prometheus",
+        )
+        yield urls
+    finally:
+        stop(prom)
+        stop(demo)
+        stop(http_demo)
+
+
+def start_demo(attach: str, engines: int, port: int, admin: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -61,8 +100,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             "--log-level",
             "warning",
             "demo",
+            "--attach",
+            attach,
             "--engines",
-            "3",
+            str(engines),
             "--listen",
             f"127.0.0.1:{port}",
             "--admin-listen",
@@ -80,29 +121,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    (tmp / "rules.yml").write_text(short_rules)
-    (tmp / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\n"
-        "rule_files: [rules.yml]\n"
-        "scrape_configs:\n  - job_name: vllm-dp-exporter\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
-    )
-    prom = start_prometheus(prometheus, tmp, prom_port)
-    try:
-        urls = {
-            "exporter": f"http://127.0.0.1:{port}",
-            "prometheus": f"http://127.0.0.1:{prom_port}",
-            "started": str(time.time()),
-        }
-        wait_for(
-            lambda: len(query(urls, "vllm_dp_engine_up == 1")) == 3,
-            40,
-            "3 engines up in Prometheus",
-        )
-        yield urls
-    finally:
-        stop(prom)
-        stop(demo)
 
 
 def query(urls: dict[str, str], expr: str) -> list[Any]:
@@ -134,12 +152,13 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 def test_promtool_check_metrics_on_a_live_scrape(stack: dict[str, str]) -> None:
     promtool = tool("promtool")
-    with urllib.request.urlopen(f"{stack['exporter']}/metrics", timeout=5) as resp:
-        body = resp.read()
-    proc = subprocess.run(
-        [promtool, "check", "metrics"], input=body, capture_output=True, timeout=30
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for exporter in ("exporter", "http_exporter"):
+        with urllib.request.urlopen(f"{stack[exporter]}/metrics", timeout=5) as resp:
+            body = resp.read()
+        proc = subprocess.run(
+            [promtool, "check", "metrics"], input=body, capture_output=True, timeout=30
+        )
+        assert proc.returncode == 0, (exporter, proc.stdout + proc.stderr)
 
 
 def test_inconsistency_alert_fires(stack: dict[str, str]) -> None:
@@ -154,27 +173,40 @@ def test_inconsistency_alert_fires(stack: dict[str, str]) -> None:
 
 
 def test_every_dashboard_query_returns_data(stack: dict[str, str]) -> None:
-    # Let the story run through sleep, wake, lag and refused resets first.
+    # Let the owner-mode demo's story run through sleep, wake, lag and refused resets first (its
+    # own series: the HTTP-mode demo must not end these waits early).
+    owner = stack["owner"]
     wait_for(
-        lambda: query(stack, "increase(vllm_dp_inconsistent_utility_results_total[1m]) > 0"),
+        lambda: query(
+            stack, f"increase(vllm_dp_inconsistent_utility_results_total{{{owner}}}[1m]) > 0"
+        ),
         45,
         "an inconsistent poll",
     )
     wait_for(
-        lambda: query(stack, "vllm_dp_prefix_cache_reset_engine_failures_total > 0"),
+        lambda: query(stack, f"vllm_dp_prefix_cache_reset_engine_failures_total{{{owner}}} > 0"),
         45,
         "a refused reset",
+    )
+    # A reset every engine confirmed: the story refuses them half of each period and the fleet
+    # sleeps through part of the other half, so a short run may have seen none.
+    wait_for(
+        lambda: query(stack, f"vllm_dp_prefix_cache_last_success_timestamp_seconds{{{owner}}} > 0"),
+        45,
+        "a reset confirmed by every engine",
     )
     # The per-action failure series appears with its first failure (no zero before it): wait
     # until Prometheus has two samples of it, as increase() needs.
     wait_for(
-        lambda: query(stack, "increase(vllm_dp_admin_action_engine_failures_total[5s])"),
+        lambda: query(
+            stack, f"increase(vllm_dp_admin_action_engine_failures_total{{{owner}}}[5s])"
+        ),
         15,
         "a refused admin action in two scrapes",
     )
     # The aggregate is absent while the engines disagree, and a run that has been scraped only
     # a few times may have seen nothing but the story's first inconsistency window.
-    wait_for(lambda: query(stack, "vllm_dp_sleeping"), 45, "the engines to agree once")
+    wait_for(lambda: query(stack, f"vllm_dp_sleeping{{{owner}}}"), 45, "the engines to agree once")
     # The whole run so far: a series that is legitimately absent at times (the aggregate while
     # the engines disagree) must still have data somewhere in it.
     window = int(time.time() - float(stack["started"])) + 1

@@ -261,7 +261,7 @@ async def test_each_engine_reports_its_own_round_trip() -> None:
 
 
 async def test_in_flight_bound_is_exactly_max_in_flight() -> None:
-    assert MAX_IN_FLIGHT == 8
+    assert MAX_IN_FLIGHT == 12
     core = StubCore(r0=HANG)
     client = client_of(core)
     for n in range(1, MAX_IN_FLIGHT + 1):
@@ -270,7 +270,7 @@ async def test_in_flight_bound_is_exactly_max_in_flight() -> None:
         assert client.in_flight == {"0": n}
     assert core.sent_to(0) == MAX_IN_FLIGHT and len(core.utility_results) == MAX_IN_FLIGHT
 
-    # The 9th and later: not sent, answered at once; the other engines are still asked.
+    # The 13th and later: not sent, answered at once; the other engines are still asked.
     for _ in range(3):
         got = await client.call_utility("is_sleeping", timeout_s=0.01)
         assert got[0].outcome is Outcome.TIMEOUT and got[0].duration_s == 0.0

@@ -7,22 +7,26 @@ tests/unit/control/test_rl_semantics.py and tests/unit/protocol/test_pushes_and_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from exporter.client.fake import answers
-from exporter.client.fleet import Capabilities, EngineOutcome, Outcome
+from exporter.client.fake import FakeFleet, answers
+from exporter.client.fleet import Capabilities, EngineDetail, EngineOutcome, Outcome
 from exporter.control.gate import (
     ALL_METHODS,
     Gate,
     GateRequestError,
+    Sample,
     evaluate,
     needed_methods,
     parse_conditions,
 )
 from exporter.control.poller import Poller
 from exporter.metrics.stats import Stats
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.pushes import FaultStatus
 from tests.harness.clock import ManualClock
 from tests.harness.fakefleets import HeldFleet, ReportingFleet, awake, fleet_of
@@ -272,3 +276,152 @@ async def test_the_gate_never_asks_what_the_poller_learnt_an_engine_lacks() -> N
     assert ("0", "get_weight_version", ()) in fleet.calls[asked_before:]
     assert status == 412 and body["failing_engines"] == ["1"]
     assert body["engines"][1]["failures"] == ["weight_version: unsupported by this engine"]
+
+
+# -- drained (has_work and the published request counts) --------------------------------------
+
+
+@dataclass
+class PublishingFleet(FakeFleet):
+    """A ``FakeFleet`` of a mode that learns each rank's request counts (``requests``, set by
+    the test), as in-process and HTTP mode do."""
+
+    requests: dict[str, RequestCounts] = field(default_factory=dict)
+    fake_capabilities: Capabilities = field(
+        default_factory=lambda: Capabilities(fault_status=True, request_counts=True)
+    )
+
+    def engine_details(self) -> list[EngineDetail]:
+        return [
+            dataclasses.replace(d, requests=self.requests.get(d.engine))
+            for d in super().engine_details()
+        ]
+
+
+def drain_sample(
+    has_work: dict[str, Any], requests: dict[str, RequestCounts] | None = None
+) -> Sample:
+    values = {e: {"is_sleeping": False, "has_work": v} for e, v in has_work.items()}
+    return dataclasses.replace(gate_sample(values), requests=requests)
+
+
+def test_drained_is_a_boolean_condition_given_once() -> None:
+    assert parse_conditions({"drained": ["TRUE"]}) == {"drained": True}
+    assert parse_conditions({"drained": ["0"], "sleeping": ["false"]}) == {
+        "drained": False,
+        "sleeping": False,
+    }
+    with pytest.raises(GateRequestError, match="must be true or false, got 'maybe'"):
+        parse_conditions({"drained": ["maybe"]})
+    with pytest.raises(GateRequestError, match="given more than once"):
+        parse_conditions({"drained": ["true", "true"]})
+    with pytest.raises(GateRequestError, match=r"known: .*drained"):
+        parse_conditions({"idle": ["true"]})
+    assert needed_methods({"drained": True}) == frozenset({"is_sleeping", "has_work"})
+    assert "has_work" in ALL_METHODS  # a gate without conditions reads it too
+
+
+def test_drained_true_names_each_rank_with_work_and_its_counts() -> None:
+    sample = drain_sample(
+        {"0": False, "1": True, "2": False, "3": True},
+        {"0": RequestCounts(0, 0), "1": RequestCounts(1, 0), "2": RequestCounts(2, 3)},
+    )
+    status, body = evaluate({"drained": True}, sample, 0.0)
+    assert status == 412 and body["failing_engines"] == ["1", "2", "3"]
+    failures = [e["failures"] for e in body["engines"]]
+    assert failures == [
+        [],
+        ["drained: has work (running 1, waiting 0), expected drained=true"],
+        [
+            "drained: has_work false but requests published (running 2, waiting 3), "
+            "expected drained=true"
+        ],
+        ["drained: has work, expected drained=true"],  # no counts known: none named
+    ]
+    assert [e["values"]["drained"] for e in body["engines"]] == [True, False, False, False]
+    assert [e["requests"] for e in body["engines"]] == [
+        {"running": 0, "waiting": 0},
+        {"running": 1, "waiting": 0},
+        {"running": 2, "waiting": 3},
+        None,
+    ]
+    assert evaluate({"drained": True}, drain_sample({"0": False, "1": False}), 0.0)[0] == 200
+
+
+def test_drained_false_is_met_only_by_ranks_with_work() -> None:
+    sample = drain_sample({"0": True, "1": False}, {"1": RequestCounts(0, 0)})
+    status, body = evaluate({"drained": False}, sample, 0.0)
+    assert status == 412 and body["failing_engines"] == ["1"]
+    assert body["engines"][1]["failures"] == ["drained: no work, expected drained=false"]
+    busy = drain_sample({"0": True, "1": False}, {"1": RequestCounts(0, 1)})
+    assert evaluate({"drained": False}, busy, 0.0)[0] == 200
+
+
+def test_a_rank_whose_work_is_unknown_is_never_drained() -> None:
+    sample = drain_sample(
+        {
+            "0": EngineOutcome("0", Outcome.TIMEOUT, error="no reply within 1s"),
+            "1": EngineOutcome("1", Outcome.FAILED, error="expected a boolean, got 'yes'"),
+            "2": EngineOutcome("2", Outcome.FAILED, error=NO_ATTR.format(m="has_work")),
+            "3": False,
+        },
+        {"0": RequestCounts(0, 0), "1": RequestCounts(0, 0)},  # idle counts prove nothing
+    )
+    for expected in (True, False):
+        status, body = evaluate({"drained": expected}, sample, 0.0)
+        assert status == 412 and body["failing_engines"][:3] == ["0", "1", "2"]
+        assert [e["failures"] for e in body["engines"][:3]] == [
+            ["drained: unknown, has_work: timeout (no reply within 1s)"],
+            ["drained: unknown, has_work: failed (expected a boolean, got 'yes')"],
+            ["drained: unknown, has_work: unsupported by this engine"],
+        ]
+        assert [e["values"]["drained"] for e in body["engines"]] == [None, None, None, True]
+
+
+async def test_the_gate_reads_has_work_and_the_counts_the_mode_publishes() -> None:
+    fleet = PublishingFleet(
+        answers(awake(ENGINES, changed={"1": {"has_work": True}})), engines=ENGINES
+    )
+    fleet.requests["1"] = RequestCounts(1, 2)
+    gate = gate_over(fleet, min_interval_s=0.0)
+    status, body = await gate.check({"drained": True})
+    assert methods_called(fleet) == {"is_sleeping", "has_work"}
+    assert status == 412 and body["failing_engines"] == ["1"]
+    assert body["engines"][1]["failures"] == [
+        "drained: has work (running 1, waiting 2), expected drained=true"
+    ]
+    # has_work says no, the published counts say yes: not drained either.
+    fleet.handler = answers(awake(ENGINES))
+    status, body = await gate.check({"drained": True})
+    assert status == 412 and "requests published" in body["engines"][1]["failures"][0]
+    fleet.requests["1"] = RequestCounts(0, 0)
+    status, body = await gate.check({"drained": True})
+    assert status == 200 and body["engines"][1]["requests"] == {"running": 0, "waiting": 0}
+
+
+async def test_a_hostile_has_work_answer_is_unknown_in_the_gate() -> None:
+    for hostile in ("yes", 1, 0, None, [False], {"has_work": False}):
+        fleet = fleet_of(awake(ENGINES, changed={"0": {"has_work": hostile}}))
+        status, body = await gate_over(fleet).check({"drained": True})
+        assert status == 412 and body["failing_engines"] == ["0"], hostile
+        assert body["engines"][0]["failures"][0].startswith(
+            "drained: unknown, has_work: failed (expected a boolean"
+        )
+        assert body["engines"][0]["requests"] is None  # this fake publishes no counts
+
+
+async def test_drained_is_unsupported_only_when_no_rank_has_has_work() -> None:
+    lacking = EngineOutcome("0", Outcome.FAILED, error=NO_ATTR.format(m="has_work"))
+    status, body = evaluate({"drained": True}, drain_sample({"0": lacking}), 0.0)
+    assert status == 501 and body["unsupported"] == ["drained"]
+    assert "no engine supports drained" in body["error"]
+    assert evaluate({"drained": True}, drain_sample({"0": lacking, "1": False}), 0.0)[0] == 412
+    # An attach mode that does not ask has_work at all.
+    fleet = fleet_of(awake(ENGINES), unsupported=frozenset({"has_work"}))
+    status, body = await gate_over(fleet).check({"drained": True})
+    assert status == 501 and body["unsupported"] == ["drained"]
+    assert "has_work" not in methods_called(fleet)
+    # Without conditions, has_work is shown beside the invariants; work is no failure.
+    fleet = fleet_of(awake(ENGINES, changed={"0": {"has_work": True}}))
+    status, body = await gate_over(fleet).check({})
+    assert status == 200 and [e["values"]["has_work"] for e in body["engines"]] == [True, False]

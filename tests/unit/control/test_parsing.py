@@ -150,3 +150,33 @@ def test_the_fingerprint_is_the_action_and_its_canonical_parameters() -> None:
     assert parse_sleep({}, b"").fingerprint == same  # level 1 is the default
     assert parse_sleep({"level": ["2"]}, b"").fingerprint != same
     assert parse_pause({}, b"").fingerprint != parse_sleep({"mode": ["abort"]}, b"").fingerprint
+
+
+@pytest.mark.parametrize(
+    ("parser", "query", "drained"),
+    [
+        (parse_pause, {"mode": ["wait"]}, True),
+        (parse_pause, {"mode": ["keep"]}, False),
+        (parse_pause, {"mode": ["abort"]}, False),
+        (parse_pause, {}, False),  # abort: the work is dropped, nothing to wait for
+        (parse_sleep, {"mode": ["wait"]}, True),
+        (parse_sleep, {"mode": ["wait"], "level": ["0"]}, True),
+        (parse_sleep, {"mode": ["keep"]}, False),
+        (parse_sleep, {}, False),
+        (parse_resume, {}, False),
+        (parse_wake_up, {}, False),
+    ],
+)
+def test_only_a_mode_that_waits_for_the_work_reads_has_work_back(
+    parser: Parser, query: dict[str, list[str]], drained: bool
+) -> None:
+    request = parser(query, b"")
+    assert request.check_drained is drained
+    assert request.check is not None  # the state read back whatever the mode
+    assert parse_pause({"mode": ["wait"]}, b"").params == {"mode": "wait"}
+
+
+@pytest.mark.parametrize("mode", ["WAIT", "drain", "", "wait "])
+def test_a_pause_mode_is_one_of_vllms_exactly(mode: str) -> None:
+    with pytest.raises(BadActionRequest, match="mode"):
+        parse_pause({"mode": [mode]}, b"")

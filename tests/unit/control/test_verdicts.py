@@ -6,16 +6,18 @@ tests/unit/fleetstate/test_checksums.py."""
 from __future__ import annotations
 
 from exporter.client.fleet import EngineOutcome, Outcome
-from exporter.control.parsing import parse_reset, parse_sleep, plain
+from exporter.control.parsing import parse_pause, parse_reset, parse_sleep, plain
 from exporter.control.verdicts import (
     ActionVerdict,
     EngineVerdict,
     call_reason,
     classify,
     classify_checksums,
+    drain_failure,
     engine_id,
     verdict_body,
 )
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.strings import MAX_ENGINE_STRING, is_cut
 
 SLEEP = parse_sleep({}, b"")
@@ -108,3 +110,69 @@ def test_checksums_of_an_unreadable_shape_fail_that_engine_only() -> None:
     assert verdict.engines[3].error == "parameter names must be strings"
     assert set(comparisons) == {"0", "1"}
     assert verdict.outcome == "partial_failure"
+
+
+# -- an action that must leave every engine drained -------------------------------------------
+
+PAUSE_WAIT = parse_pause({"mode": ["wait"]}, b"")
+
+
+def test_a_drained_engine_has_has_work_false_and_no_published_request() -> None:
+    assert drain_failure((ok("0", False), None)) is None
+    assert drain_failure((ok("0", False), RequestCounts(0, 0))) is None
+    assert drain_failure((ok("0", True), RequestCounts(0, 2))) == (
+        "paused, but it still has work (running 0, waiting 2)"
+    )
+    assert drain_failure((ok("0", True), None)) == "paused, but it still has work"
+    assert drain_failure((ok("0", False), RequestCounts(1, 0))) == (
+        "paused, has_work is false but vLLM publishes requests (running 1, waiting 0)"
+    )
+
+
+def test_work_that_cannot_be_read_is_never_drained() -> None:
+    assert drain_failure(None) == "could not read has_work: not read back"
+    timeout = EngineOutcome("0", Outcome.TIMEOUT, error="no reply within 1s")
+    assert drain_failure((timeout, RequestCounts(0, 0))) == (
+        "could not read has_work: no reply within 1s"
+    )
+    assert drain_failure((EngineOutcome("0", Outcome.DISCONNECTED), None)) == (
+        "could not read has_work: disconnected"
+    )
+    for hostile in ("yes", 1, None, [False]):  # not type-checked: not False, so not drained
+        assert drain_failure((ok("0", hostile), None)) == "paused, but it still has work"
+
+
+def test_a_paused_engine_still_holding_work_is_unverified_naming_its_counts() -> None:
+    calls = [ok("0"), ok("1"), ok("2"), EngineOutcome("3", Outcome.TIMEOUT, error="late")]
+    readback = {e: ok(e, True) for e in "0123"}
+    drain = {
+        "0": (ok("0", False), RequestCounts(0, 0)),
+        "1": (ok("1", True), RequestCounts(0, 1)),
+        # engine 2: its has_work was not read back
+        "3": (ok("3", True), None),
+    }
+    verdict = classify(PAUSE_WAIT, calls, readback, drain)
+    assert [(e.engine, e.reason, e.state) for e in verdict.engines] == [
+        ("0", None, True),
+        ("1", "unverified", True),
+        ("2", "unverified", True),
+        ("3", "timeout", True),  # its own call's failure comes first
+    ]
+    assert verdict.engines[1].error == "paused, but it still has work (running 0, waiting 1)"
+    assert verdict.engines[2].error == "could not read has_work: not read back"
+    assert verdict.status == 502 and verdict.outcome == "partial_failure"
+    body = verdict_body(verdict, PAUSE_WAIT.params, 0.1)
+    assert body["failed_engines"] == [1, 2, 3]
+
+
+def test_a_state_that_is_not_the_expected_one_is_named_before_the_work() -> None:
+    verdict = classify(PAUSE_WAIT, [ok("0")], {"0": ok("0", False)}, {"0": (ok("0", True), None)})
+    assert verdict.engines[0].reason == "unverified"
+    assert verdict.engines[0].error == "accepted, but is_scheduler_paused is False, not True"
+
+
+def test_an_action_that_does_not_wait_for_the_work_ignores_it() -> None:
+    pause = parse_pause({}, b"")
+    busy = {"0": (ok("0", True), RequestCounts(3, 3))}
+    assert classify(pause, [ok("0")], {"0": ok("0", True)}, busy).success
+    assert classify(PAUSE_WAIT, [ok("0")], {"0": ok("0", True)}, None).success

@@ -9,6 +9,7 @@ from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
+from exporter.control.poller import Poller
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.metrics.catalog import BY_NAME, ENGINE_STATES
 from exporter.metrics.families import (
@@ -18,7 +19,9 @@ from exporter.metrics.families import (
     build_registry,
 )
 from exporter.metrics.stats import Stats
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.pushes import FaultStatus
+from tests.harness.fakefleets import awake, fleet_of
 from tests.harness.snapshots import engine_snapshot, polled
 
 TIMEOUT = EngineOutcome("1", Outcome.TIMEOUT, error="no reply within 1s")
@@ -140,3 +143,49 @@ def test_the_collector_reads_the_snapshot_and_counters_at_every_collection() -> 
     assert registry.get_sample_value("vllm_dp_engine_sleeping", {"engine": "0"}) == 1.0
     assert registry.get_sample_value("vllm_dp_polls_total") == 1.0
     assert registry.get_sample_value("vllm_dp_prefix_cache_reset_duration_seconds_count") == 0.0
+
+
+def test_has_work_is_one_series_per_engine_that_answered_it_as_a_boolean() -> None:
+    busy = EngineDetail("0", True, "a", requests=RequestCounts(running=2, waiting=3))
+    idle = EngineDetail("1", True, "b", requests=RequestCounts(0, 0))
+    snap = polled(
+        engine("0", busy, is_sleeping=False, has_work=True),
+        engine("1", idle, is_sleeping=False, has_work=False),
+        engine("2", is_sleeping=False, has_work=TIMEOUT),
+        engine("3", is_sleeping=False, has_work="yes"),  # not a boolean: unknown
+        engine("4", is_sleeping=False, has_work=1),
+        engine("5", is_sleeping=False),  # not asked (unsupported)
+    )
+    fams = families(snap)
+    assert rows(fams, "vllm_dp_engine_has_work") == {("0",): 1.0, ("1",): 0.0}
+    assert rows(fams, "vllm_dp_engine_requests") == {
+        ("0", "running"): 2.0,
+        ("0", "waiting"): 3.0,
+        ("1", "running"): 0.0,
+        ("1", "waiting"): 0.0,
+    }
+
+
+def test_request_counts_are_shown_where_known_even_when_has_work_is_not() -> None:
+    counted = EngineDetail("0", True, "a", requests=RequestCounts(1, 0))
+    fams = families(polled(engine("0", counted, is_sleeping=TIMEOUT, has_work=TIMEOUT)))
+    assert rows(fams, "vllm_dp_engine_has_work") == {}
+    assert rows(fams, "vllm_dp_engine_requests") == {("0", "running"): 1.0, ("0", "waiting"): 0.0}
+    none = families(polled(engine("0", is_sleeping=False, has_work=False)))
+    assert rows(none, "vllm_dp_engine_requests") == {}  # owner and relay mode: no counts
+
+
+async def test_work_on_some_ranks_is_no_inconsistency() -> None:
+    values = awake(("0", "1", "2"), changed={"1": {"has_work": True}})
+    stats = Stats()
+    poller = Poller(fleet_of(values), stats, interval_s=60.0, call_timeout_s=1.0)
+    snap = await poller.poll_once()
+    assert "has_work" not in snap.verdicts  # no fleet verdict: ranks differ by design
+    assert [e.has_work for e in snap.engines] == [False, True, False]
+    built = build_families(snap, stats, ProtocolErrorTally())
+    fams = {f.spec.name: f for f in built}
+    inconsistent = rows(fams, "vllm_dp_inconsistent_utility_results_total")
+    assert not any(inconsistent.values()) and ("has_work",) not in inconsistent
+    assert sum(stats.inconsistent_results.values()) == 0
+    assert rows(fams, "vllm_dp_engine_has_work") == {("0",): 0.0, ("1",): 1.0, ("2",): 0.0}
+    assert rows(fams, "vllm_dp_fleet_state")[("consistent",)] == 1.0

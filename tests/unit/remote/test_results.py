@@ -20,8 +20,17 @@ from exporter.control.verdicts import (
     no_engine_body,
     verdict_body,
 )
-from exporter.remote import ActionResult, GateResult, InvalidAnswer, Status
+from exporter.protocol.activity import RequestCounts as ServerCounts
+from exporter.remote import (
+    ActionResult,
+    BadRequest,
+    EngineRequests,
+    GateResult,
+    InvalidAnswer,
+    Status,
+)
 from exporter.remote.results import REASONS
+from exporter.remote.waiting import query, with_drained
 
 ROOT = Path(__file__).resolve().parents[3]
 EVIL = "x\x1b[2J\r\n\u202e"
@@ -257,3 +266,128 @@ def test_an_engine_s_routable_verdict_and_hung_state() -> None:
     assert old.routable is None and old.unroutable_reasons == ()
     with pytest.raises(InvalidAnswer):
         Status.from_json({**STATUS, "engines": [{**row, "routable": {"reasons": [1]}}]})
+
+
+# -- activity: has_work, running and waiting requests, drained (docs/activity.md) ----------
+
+
+def test_a_drained_gate_answer_from_the_servers_verdict() -> None:
+    outcomes = {
+        "is_sleeping": {e: ServerOutcome(e, Outcome.OK, False) for e in ("0", "1", "2")},
+        "has_work": {
+            "0": ServerOutcome("0", Outcome.OK, False),
+            "1": ServerOutcome("1", Outcome.OK, True),
+            "2": ServerOutcome("2", Outcome.OK, True),
+        },
+    }
+    requests = {"0": ServerCounts(0, 0), "1": ServerCounts(2, 1)}  # rank 2: not published
+    sample = Sample(outcomes, ("0", "1", "2"), 1000.0, 5.0, requests=requests)
+    status, body = evaluate({"drained": True}, sample, 5.0)
+    gate = GateResult.from_json(status, body)
+    assert (gate.ok, gate.status, gate.failing_engines) == (False, 412, ("1", "2"))
+    zero, busy, unknown = gate.engines
+    assert zero.requests == EngineRequests(0, 0) and zero.drained is True and zero.ok
+    assert busy.requests == EngineRequests(2, 1) and busy.requests.total == 3
+    assert str(busy.requests) == "running 2, waiting 1" and busy.drained is False
+    assert busy.failures == ("drained: has work (running 2, waiting 1), expected drained=true",)
+    assert unknown.requests is None and unknown.failures == (
+        "drained: has work, expected drained=true",
+    )
+    assert zero.has_work is None  # a gate with conditions reports the condition, not the read
+    bare_status, bare = evaluate({}, sample, 5.0)
+    read = GateResult.from_json(bare_status, bare)
+    assert [e.has_work for e in read.engines] == [False, True, True]
+    assert [e.drained for e in read.engines] == [None, None, None]
+
+
+def test_an_older_gate_answer_has_no_requests() -> None:
+    body = {"engines": [{"engine": "0", "ok": True, "values": {"sleeping": False}}]}
+    (engine,) = GateResult.from_json(200, body).engines
+    assert engine.requests is None and engine.has_work is None and engine.drained is None
+
+
+@pytest.mark.parametrize(
+    ("requests", "field"),
+    [
+        ({"running": -1, "waiting": 0}, "engines[0].requests.running must be a count"),
+        ({"running": 1, "waiting": 1.5}, "requests.waiting must be a count (a whole number"),
+        ({"running": True, "waiting": 0}, "requests.running must be a count"),
+        ({"running": "3", "waiting": 0}, "got a string"),
+        ({"running": 1}, "engines[0].requests must have both counts"),
+        ([1, 0], "engines[0].requests must be a JSON object, got an array"),
+        ("busy", "engines[0].requests must be a JSON object, got a string"),
+    ],
+)
+def test_malformed_gate_requests_are_invalid(requests: Any, field: str) -> None:
+    body = {"engines": [{"engine": "0", "ok": False, "requests": requests}]}
+    with pytest.raises(InvalidAnswer) as bad:
+        GateResult.from_json(412, body)
+    assert field in str(bad.value)
+
+
+def test_an_engine_s_activity() -> None:
+    busy = {"has_work": True, "running": 3, "waiting": 2, "drained": False}
+    idle = {"has_work": False, "running": None, "waiting": None, "drained": True}
+    engines = [{**STATUS["engines"][0], "activity": busy}, {**STATUS["engines"][1]}]
+    engines[1]["activity"] = idle
+    status = Status.from_json({**STATUS, "engines": engines})
+    one, two = status.engines
+    assert (one.has_work, one.running, one.waiting, one.drained) == (True, 3, 2, False)
+    assert one.requests == EngineRequests(3, 2)
+    assert (two.has_work, two.running, two.waiting, two.drained) == (False, None, None, True)
+    assert two.requests is None  # owner mode: has_work only, no published counts
+    unknown = {"has_work": None, "running": None, "waiting": None, "drained": None}
+    row = Status.from_json({**STATUS, "engines": [{**engines[0], "activity": unknown}]}).engine(0)
+    assert (row.has_work, row.running, row.waiting, row.drained) == (None, None, None, None)
+
+
+def test_an_older_exporter_s_status_has_no_activity() -> None:
+    for engine in Status.from_json(STATUS).engines:  # no "activity" key at all
+        assert (engine.has_work, engine.running, engine.waiting, engine.drained) == (
+            None,
+            None,
+            None,
+            None,
+        )
+        assert engine.requests is None
+    nulled = Status.from_json({**STATUS, "engines": [{"engine": "0", "activity": None}]})
+    assert nulled.engine(0).has_work is None
+
+
+@pytest.mark.parametrize(
+    ("activity", "field"),
+    [
+        ("busy", "engines[0].activity must be an object, got a string"),
+        ([True, 1, 0], "engines[0].activity must be an object, got an array"),
+        ({"has_work": "yes"}, "engines[0].activity.has_work must be a boolean"),
+        ({"has_work": 1}, "engines[0].activity.has_work must be a boolean, got a number"),
+        ({"drained": "false"}, "engines[0].activity.drained must be a boolean"),
+        ({"running": -1}, "engines[0].activity.running must be a count"),
+        ({"waiting": -3}, "activity.waiting must be a count (a whole number, 0 or more)"),
+        ({"running": 2.5}, "activity.running must be a count"),
+        ({"running": False}, "activity.running must be a count"),
+        ({"waiting": "7"}, "activity.waiting must be a count"),
+        ({"waiting": {"n": 1}}, "got an object"),
+    ],
+)
+def test_malformed_activity_is_invalid(activity: Any, field: str) -> None:
+    body = {**STATUS, "engines": [{**STATUS["engines"][0], "activity": activity}]}
+    with pytest.raises(InvalidAnswer) as bad:
+        Status.from_json(body)
+    assert field in str(bad.value)
+
+
+def test_drained_is_a_boolean_condition_checked_before_sending() -> None:
+    assert with_drained({"paused": True}, None) == {"paused": True}
+    assert with_drained(None, True) == {"drained": True}
+    assert with_drained({"drained": "true"}, True) == {"drained": True}
+    assert with_drained({"weight_version": "v1"}, False) == {
+        "weight_version": "v1",
+        "drained": False,
+    }
+    assert query(with_drained({}, False)) == {"drained": "false"}
+    for bad in ("yes", 1, "true"):
+        with pytest.raises(BadRequest, match="drained must be True, False or None"):
+            with_drained({}, bad)  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match="contradicts"):
+        with_drained({"drained": False}, True)

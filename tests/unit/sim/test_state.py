@@ -119,6 +119,7 @@ def test_reset_prefix_cache_refusal() -> None:
 def test_method_table() -> None:
     table = {name: max_args for name, (_, max_args) in EngineState().methods().items()}
     assert table == {
+        "has_work": 0,
         "is_sleeping": 0,
         "sleep": 2,
         "wake_up": 1,
@@ -133,9 +134,9 @@ def test_method_table() -> None:
         "compute_weight_checksums": 0,
     }
     old = EngineState(supports_pause_query=False).methods()
-    assert "is_scheduler_paused" not in old and len(old) == 11
+    assert "is_scheduler_paused" not in old and len(old) == 12
     lacking = EngineState(missing_methods=frozenset({"get_weight_version", "nonexistent"}))
-    assert "get_weight_version" not in lacking.methods() and len(lacking.methods()) == 11
+    assert "get_weight_version" not in lacking.methods() and len(lacking.methods()) == 12
 
 
 def test_call_values() -> None:
@@ -309,12 +310,13 @@ def test_options_seed_the_rl_state() -> None:
 
 def test_apply_story() -> None:
     state = EngineState()
-    state.apply_story(StoryState(paused=True, sleeping=False, refuse_reset=True))
+    state.apply_story(StoryState(paused=True, sleeping=False, refuse_reset=True), 1.0)
     assert state.paused and state.sleeping_tags == set() and state.refuse_reset
-    state.apply_story(StoryState(paused=False, sleeping=True, refuse_reset=False))
+    state.apply_story(StoryState(paused=False, sleeping=True, refuse_reset=False), 2.0)
     assert state.paused and state.sleeping_tags == set(ALL_TAGS) and not state.refuse_reset
-    state.apply_story(StoryState(paused=False, sleeping=False, refuse_reset=False))
-    assert state == EngineState()
+    state.apply_story(StoryState(paused=False, sleeping=False, refuse_reset=False), 3.0)
+    assert not state.paused and not state.sleeping_tags and not state.refuse_reset
+    assert not state.has_work(), "no traffic in the story: no request arrived"
 
 
 def test_story_over_a_period() -> None:
@@ -323,13 +325,46 @@ def test_story_over_a_period() -> None:
     fleet = [EngineState() for _ in range(3)]
     disagreed = refused = False
     for step in range(100):
+        t = step * period / 100
         for offset, state in enumerate(fleet):
-            state.apply_story(story_state(offset, len(fleet), step * period / 100, period))
+            state.apply_story(story_state(offset, len(fleet), t, period), t)
         answers = {state.is_sleeping() for state in fleet}
         disagreed = disagreed or len(answers) > 1
         refused = refused or not fleet[1].reset_prefix_cache()
         assert fleet[0].reset_prefix_cache() and fleet[2].reset_prefix_cache()
     assert disagreed and refused
+
+
+def test_the_story_drains_before_its_pause_and_queues_one_request_behind_it() -> None:
+    """Traffic stops before the pause: every engine drains; while paused, the last engine
+    holds one waiting request (work on an unroutable rank), which runs after the resume."""
+    period = 40.0
+    fleet = [EngineState() for _ in range(3)]
+    seen: dict[str, list[tuple[int, int]]] = {"busy": [], "before_pause": [], "paused": []}
+    for step in range(int(period / 0.2) + 1):
+        t = step * 0.2
+        phase = t / period
+        for offset, state in enumerate(fleet):
+            state.apply_story(story_state(offset, len(fleet), t, period), t)
+        counts = [state.request_counts(t) for state in fleet]
+        if phase < 0.04:
+            seen["busy"].extend(counts)
+        elif 0.09 <= phase < 0.10:
+            seen["before_pause"].extend(counts)
+        elif 0.16 <= phase < 0.20:
+            seen["paused"].append(counts[-1])
+            assert counts[0] == counts[1] == (0, 0)
+    assert any(running for running, _ in seen["busy"]), "traffic gives the engines work"
+    assert set(seen["before_pause"]) == {(0, 0)}, "drained before the pause"
+    assert seen["paused"] and set(seen["paused"]) == {(0, 1)}, "one request waits behind it"
+
+
+def test_the_story_hangs_the_second_engine_at_the_end_of_each_period() -> None:
+    period = 40.0
+    hung = {t: [story_state(i, 3, t, period).hung for i in range(3)] for t in (30.0, 36.0, 39.9)}
+    assert hung == {30.0: [False] * 3, 36.0: [False, True, False], 39.9: [False, True, False]}
+    assert story_state(0, 1, 36.0, period).hung, "a fleet of one hangs its only engine"
+    assert not story_state(1, 3, 41.0, period).hung, "it recovers with the next period"
 
 
 def test_the_story_reports_a_fault_window_on_the_first_engine() -> None:
@@ -350,7 +385,7 @@ async def test_run_story_reports_the_fault_at_start_and_on_change() -> None:
             both.set()
 
     # A 0.5 s period: the fault window is 0.375-0.425 s of every period (checked every 10 ms).
-    task = asyncio.create_task(run_story(lambda _: None, 0, 1, 0.5, report))
+    task = asyncio.create_task(run_story(lambda _s, _t: None, 0, 1, 0.5, report))
     await asyncio.wait_for(both.wait(), 5)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -13,6 +13,7 @@ from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.snapshot import empty_snapshot
 from exporter.metrics.stats import Stats
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.pushes import FaultStatus, MembershipEvent
 from exporter.web.statusdoc import (
     FT_NOT_AVAILABLE,
@@ -119,6 +120,7 @@ def test_failed_calls_count_every_outcome_but_ok_and_actions_only_those_that_ran
     counters = counters_json(stats)
     assert counters["failed_calls"] == {
         "get_weight_version": 1,
+        "has_work": 0,
         "is_scheduler_paused": 0,
         "is_sleeping": 2,
     }
@@ -147,3 +149,45 @@ def test_the_history_shows_only_the_buckets_of_the_window() -> None:
     assert (shown["bucket_s"], shown["window_s"]) == (30.0, 60.0)
     assert [e["start_unix"] for e in shown["entries"]] == [45.0]
     assert shown["entries"][0]["engines_up_min"] == 1
+
+
+def test_each_engine_says_what_it_is_doing_and_null_where_unknown() -> None:
+    timeout = EngineOutcome("2", Outcome.TIMEOUT, error="no reply within 1s")
+    snap = polled(
+        engine_snapshot(
+            "0", detail("0", requests=RequestCounts(2, 1)), is_sleeping=False, has_work=True
+        ),
+        engine_snapshot(
+            "1", detail("1", requests=RequestCounts(0, 0)), is_sleeping=False, has_work=False
+        ),
+        engine_snapshot(
+            "2", detail("2", requests=RequestCounts(0, 0)), is_sleeping=False, has_work=timeout
+        ),
+        engine_snapshot("3", is_sleeping=False, has_work=False),  # a mode without counts
+        engine_snapshot("4", is_sleeping=False, has_work="no"),  # not a boolean: unknown
+        engine_snapshot(
+            "5", detail("5", requests=RequestCounts(0, 4)), is_sleeping=False, has_work=False
+        ),
+        engine_snapshot("6", is_sleeping=False),  # has_work not read (unsupported)
+    )
+    doc = status_json(snap, CONFIG, now=60.0)
+    validate_status(doc)
+    assert [e["activity"] for e in doc["engines"]] == [
+        {"has_work": True, "running": 2, "waiting": 1, "drained": False},
+        {"has_work": False, "running": 0, "waiting": 0, "drained": True},
+        # Idle counts do not make an unanswered rank drained.
+        {"has_work": None, "running": 0, "waiting": 0, "drained": None},
+        {"has_work": False, "running": None, "waiting": None, "drained": True},
+        {"has_work": None, "running": None, "waiting": None, "drained": None},
+        # has_work says no, vLLM publishes queued requests: not drained.
+        {"has_work": False, "running": 0, "waiting": 4, "drained": False},
+        {"has_work": None, "running": None, "waiting": None, "drained": None},
+    ]
+    before = empty_snapshot([EngineDetail("0", True, "a")], expected=1, connected=1)
+    (first,) = status_json(before, CONFIG, now=60.0)["engines"]
+    assert first["activity"] == {
+        "has_work": None,
+        "running": None,
+        "waiting": None,
+        "drained": None,
+    }

@@ -7,13 +7,14 @@ import base64
 import dataclasses
 import hashlib
 import re
+from html import escape
 from typing import Any
 
 from exporter.client.fake import FakeFleet, answers
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.fleetstate.history import FleetHistory
 from exporter.web.statusdoc import SCHEMA_VERSION, status_json
-from exporter.web.statuspage import CSP, HEADERS, age, render_page
+from exporter.web.statuspage import CSP, HEADERS, activity_cell, age, render_page
 from tests.harness.statusschema import validate_status
 from tests.unit.control.test_fleet_semantics import make_exporter
 
@@ -206,3 +207,48 @@ def test_ages_read_like_a_clock() -> None:
         "3 min 5 s",
         "2 h 1 min",
     ]
+
+
+async def test_each_engine_s_activity_has_a_column() -> None:
+    """has work / drained / unknown, with "running N, waiting M" where vLLM published them;
+    an engine string in the same row stays escaped."""
+    per_engine = {
+        "0": {**awake(), "has_work": True},
+        "1": {**awake(), "has_work": False},
+        HOSTILE: awake(),  # no has_work answer: unknown
+        "3": {**awake(), "has_work": False},
+    }
+    exporter = make_exporter(fleet(per_engine))
+    await exporter.poller.poll_once()
+    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc["engines"][0]["activity"].update(running=2, waiting=1)  # as HTTP mode publishes them
+    doc["engines"][1]["activity"].update(running=0, waiting=0)
+    validate_status(doc)
+    assert [e["activity"]["drained"] for e in doc["engines"]] == [False, True, None, True]
+    page = render_page(doc)
+    cells = re.findall(r'<td class="act act-(\w+)" data-activity="\1">([^<]*)</td>', page)
+    assert cells == [
+        ("busy", "has work (running 2, waiting 1)"),
+        ("drained", "drained (running 0, waiting 0)"),
+        ("unknown", "unknown"),
+        ("drained", "drained"),
+    ]
+    assert "<th>activity</th>" in page and "<img" not in page
+    assert f'data-engine="{escape(HOSTILE)}"' in page
+    # Every row has as many cells as the table has headers.
+    headers = len(re.findall(r"<th>", page.split('id="engines"')[1].split("</thead>")[0]))
+    rows = re.findall(r"<tr data-engine=.*?</tr>", page.split('id="engine-rows"')[1])
+    assert {row.count("<td") for row in rows[:4]} == {headers}
+
+
+def test_activity_cells_of_older_and_partial_documents() -> None:
+    assert activity_cell(None) == ("unknown", "unknown")  # an exporter before the field
+    assert activity_cell({"has_work": True, "drained": False}) == ("has work", "busy")
+    assert activity_cell({"has_work": None, "running": 4, "waiting": 0, "drained": None}) == (
+        "unknown (running 4, waiting 0)",
+        "unknown",
+    )
+    assert activity_cell({"has_work": False, "running": 1, "waiting": 0, "drained": False}) == (
+        "has work (running 1, waiting 0)",
+        "busy",
+    )

@@ -1,0 +1,130 @@
+"""Relay mode's request counts: the DP coordinator's publication named in the INIT it relays,
+subscribed to as one more front end (real ZMQ: simulated front end, coordinator, engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from exporter.client.relay import coordinator
+from exporter.protocol.activity import MAX_COORDINATOR_MESSAGE, RequestCounts
+from tests.harness.relay import MakeHarness, RelayHarness
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def _requests(harness: RelayHarness) -> dict[str, RequestCounts | None]:
+    return {d.engine: d.requests for d in harness.relay.client.engine_details()}
+
+
+def _known_ranks(harness: RelayHarness, count: int) -> bool:
+    return sum(r is not None for r in _requests(harness).values()) == count
+
+
+def _refused(harness: RelayHarness) -> int:
+    return harness.relay.faults.counts.get("bad_coordinator_stats", 0)
+
+
+def _refused_since(harness: RelayHarness, before: int) -> bool:
+    return _refused(harness) > before
+
+
+async def _relay_with_coordinator(
+    make_harness: MakeHarness, publish: Callable[[], list[Any] | bytes], engines: int = 3
+) -> RelayHarness:
+    harness = make_harness(engines)
+    await harness.start_frontend(coordinator=publish)
+    await harness.start_relay()
+    harness.start_engines()
+    await harness.wait_handshakes()
+    return harness
+
+
+async def test_counts_follow_the_coordinators_publication(make_harness: MakeHarness) -> None:
+    published: list[Any] = [(0, 0), (2, 5), (0, 0)]
+    harness = await _relay_with_coordinator(make_harness, lambda: list(published))
+    assert harness.relay.client.capabilities.request_counts
+    await _until(lambda: _requests(harness)["1"] == RequestCounts(2, 5))
+    assert _requests(harness) == {
+        "0": RequestCounts(0, 0),
+        "1": RequestCounts(2, 5),
+        "2": RequestCounts(0, 0),
+    }
+    published[1] = (0, 0)
+    published[2] = (1, 0)
+    await _until(lambda: _requests(harness)["2"] == RequestCounts(1, 0))
+    assert _requests(harness)["1"] == RequestCounts(0, 0)
+    # The front end's own calls were never disturbed by the relay's subscription.
+    assert harness.fe.ok_count() > 0
+
+
+async def test_hostile_entries_at_the_first_middle_and_last_rank_are_unknown(
+    make_harness: MakeHarness,
+) -> None:
+    hostile: list[Any] = [[-1, 0, 0.0], ["x", 1, 0.0], [0, 10**12, 0.0], [True, 1], [1]]
+    for position in (0, 1, 2):
+        for entry in hostile:
+            published: list[Any] = [[0, 1, 0.0]] * 3
+            published[position] = entry
+            harness = await _relay_with_coordinator(make_harness, published.copy)
+            await _until(functools.partial(_known_ranks, harness, 2))
+            counts = _requests(harness)
+            assert counts[str(position)] is None, (position, entry)
+            assert all(counts[str(i)] == RequestCounts(1, 0) for i in range(3) if i != position)
+            await harness.close()
+
+
+async def test_a_garbled_or_oversized_publication_is_refused_and_the_last_counts_kept(
+    make_harness: MakeHarness, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(coordinator, "STALE_AFTER_S", 1.0)
+    good: list[Any] = [(1, 1), (0, 0), (0, 0)]
+    state: dict[str, list[Any] | bytes] = {"message": good}
+    harness = await _relay_with_coordinator(make_harness, lambda: state["message"])
+    await _until(lambda: _requests(harness)["0"] == RequestCounts(1, 1))
+    for garbled in (b"\xc1", msgspec.msgpack.encode({"counts": 1}), msgspec.msgpack.encode([1])):
+        before = _refused(harness)
+        state["message"] = garbled
+        await _until(functools.partial(_refused_since, harness, before))
+        assert _requests(harness)["0"] == RequestCounts(1, 1)  # nothing new was believed
+    # Over the size bound: ZMQ drops the connection before anything is read; the relay
+    # subscribes afresh once nothing came for STALE_AFTER_S.
+    state["message"] = b"\x00" * (MAX_COORDINATOR_MESSAGE + 1)
+    await asyncio.sleep(0.5)
+    assert _requests(harness)["0"] == RequestCounts(1, 1)
+    state["message"] = [(4, 0), (0, 0), (0, 0)]
+    await _until(lambda: _requests(harness)["0"] == RequestCounts(4, 0))
+    calls = await harness.relay.call("is_sleeping")
+    assert all(o.ok for o in calls), "the relay keeps calling its engines"
+
+
+async def test_without_a_coordinator_the_counts_are_unknown(make_harness: MakeHarness) -> None:
+    harness = make_harness(2)
+    await harness.start_frontend()
+    await harness.start_relay()
+    harness.start_engines()
+    await harness.wait_handshakes()
+    await asyncio.sleep(0.3)
+    assert _requests(harness) == {"0": None, "1": None}
+    assert harness.relay.transport.coordinator.address is None
+
+
+async def test_counts_go_unknown_when_the_coordinator_falls_silent(
+    make_harness: MakeHarness, monkeypatch: Any
+) -> None:
+    harness = await _relay_with_coordinator(make_harness, lambda: [(3, 0)] * 3)
+    await _until(lambda: _requests(harness)["0"] == RequestCounts(3, 0))
+    monkeypatch.setattr(coordinator, "STALE_AFTER_S", 0.0)
+    await harness.fe.close()  # the coordinator stops publishing
+    await asyncio.sleep(0.05)
+    assert set(_requests(harness).values()) == {None}
