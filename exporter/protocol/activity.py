@@ -69,8 +69,8 @@ def read_counts(running: Any, waiting: Any) -> RequestCounts | None:
 
 
 def read_lb_entry(entry: Any) -> RequestCounts | None:
-    """One rank of vLLM's load-balancing counts: ``[waiting, running]`` (0.30) or
-    ``[waiting, running, kv_cache_usage]`` (0.32); None when it is not such a list."""
+    """One rank of vLLM's load-balancing counts: ``[waiting, running]`` (0.20, 0.26) or
+    ``[waiting, running, kv_cache_usage]`` (0.30, 0.32); None when it is not such a list."""
     if not isinstance(entry, (list, tuple)) or not 2 <= len(entry) <= 8:
         return None
     return read_counts(entry[1], entry[0])

@@ -52,8 +52,16 @@ TOP_KEYS = frozenset(
         "start_rank",
         "handshake_address",
         "upstream_handshake_address",
+        "coordinator_stats_address",
         "engines",
     }
+)
+#: The addresses a file records beside its engines: for the operator, and the relay's DP
+#: coordinator publication (its request counts after a restart: no INIT is seen again).
+RECORDED_ADDRESSES = (
+    "handshake_address",
+    "upstream_handshake_address",
+    "coordinator_stats_address",
 )
 ENTRY_KEYS = frozenset(
     {
@@ -167,7 +175,7 @@ def parse_state(data: bytes, expect: StateExpectation) -> list[SlotRecord]:
     for key, mine in (("engine_count", expect.engine_count), ("start_rank", expect.start_rank)):
         if key in state and (not _is_int(state[key]) or state[key] != mine):
             raise InvalidState(f"written for {key} {_short(state[key])}, this exporter's is {mine}")
-    for key in ("handshake_address", "upstream_handshake_address"):
+    for key in RECORDED_ADDRESSES:
         _address(state, key, required=False)
     entries = state.get("engines")
     if not isinstance(entries, list):
@@ -190,6 +198,12 @@ def parse_state(data: bytes, expect: StateExpectation) -> list[SlotRecord]:
             )
         records.append(record)
     return records
+
+
+def recorded_addresses(data: bytes) -> dict[str, str]:
+    """The ``RECORDED_ADDRESSES`` of a file ``parse_state`` believed (each checked there)."""
+    state = json.loads(data)
+    return {key: state[key] for key in RECORDED_ADDRESSES if isinstance(state.get(key), str)}
 
 
 def _entry(entry: Any, expect: StateExpectation) -> SlotRecord:

@@ -34,6 +34,7 @@ from exporter.client.enginecore.state_check import (
     StateExpectation,
     parse_state,
     read_bounded,
+    recorded_addresses,
 )
 from exporter.error import ConfigError
 from exporter.protocol.handshake import RegistrationInfo
@@ -310,6 +311,8 @@ class StateFile:
         outcomes.update(dict.fromkeys(STATE_FILE_OUTCOMES, 0))
         self._writer = StateWriter(path, snapshot, faults, outcomes) if path else None
         self._lock: StateFileLock | None = None
+        #: The addresses the restored file recorded (``state_check.RECORDED_ADDRESSES``).
+        self.recorded: dict[str, str] = {}
 
     def lock(self) -> None:
         """Take the lock (before any bind: a refusal, ConfigError, leaves no trace)."""
@@ -338,10 +341,12 @@ class StateFile:
         if not self.path:
             return []
         try:
-            records = load_state(self.path, expect)
+            data = read_bounded(self.path, expect.size_limit)
+            records = [] if data is None else parse_state(data, expect)
         except InvalidState as exc:
             log.warning("state file %s ignored: %s; %s", self.path, exc, ignored)
             return []
+        self.recorded = recorded_addresses(data) if data is not None else {}
         restored = restore_links(records, links)
         if restored:
             log.info("restored engines %s from %s without a handshake", restored, self.path)

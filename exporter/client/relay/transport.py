@@ -153,6 +153,9 @@ class RelayTransport(EngineDataPlane):
 
     async def _start_control(self) -> None:
         self._restore_state()
+        if any(link.phase is Phase.RESTORED for link in self._links.values()):
+            # Restored engines never handshake again: no INIT will name the publication.
+            self.coordinator.follow(self._state.recorded.get("coordinator_stats_address"))
         await self._open_handshake(self.config.handshake_address)
         log.info(
             "relay: engines dial %s, front end at %s, exporter input %s",
@@ -195,10 +198,13 @@ class RelayTransport(EngineDataPlane):
     # -- state file ------------------------------------------------------------------------
 
     def _state_extra(self) -> dict[str, str]:
-        return {
+        extra = {
             "handshake_address": self.config.handshake_address,
             "upstream_handshake_address": self.config.upstream_handshake_address,
         }
+        if self.coordinator.address is not None:  # counts again after a restart
+            extra["coordinator_stats_address"] = self.coordinator.address
+        return extra
 
     # -- handshake relay -------------------------------------------------------------------
 

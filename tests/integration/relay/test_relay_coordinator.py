@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from exporter.base.ports import free_port_range
+from exporter.client.enginecore.links import Phase
 from exporter.client.relay import coordinator
 from exporter.protocol.activity import MAX_COORDINATOR_MESSAGE, RequestCounts
 from tests.harness.relay import MakeHarness, RelayHarness
@@ -128,3 +131,48 @@ async def test_counts_go_unknown_when_the_coordinator_falls_silent(
     await harness.fe.close()  # the coordinator stops publishing
     await asyncio.sleep(0.05)
     assert set(_requests(harness).values()) == {None}
+
+
+async def test_a_restarted_relay_follows_the_coordinator_its_state_file_recorded(
+    make_harness: MakeHarness,
+) -> None:
+    """Restored engines never handshake again, so no INIT names the publication: the state
+    file records it, and the next relay process subscribes to it (counts, not unknown)."""
+    harness = make_harness(3)
+    state = harness.tmp_path / "s.json"
+    opts: dict[str, Any] = {"fixed_base_port": free_port_range(4), "state_file": str(state)}
+    await harness.start_frontend(coordinator=lambda: [(0, 2), (1, 0), (0, 0)])
+    first = await harness.start_relay(**opts)
+    harness.start_engines()
+    await harness.wait_handshakes()
+    await _until(lambda: _requests(harness)["0"] == RequestCounts(0, 2))
+    recorded = first.transport.coordinator.address
+    await _until(lambda: state.exists() and "coordinator_stats_address" in state.read_text())
+    assert json.loads(state.read_text())["coordinator_stats_address"] == recorded
+    await first.client.close()
+
+    second = await harness.start_relay(**opts)
+    assert second.transport.coordinator.address == recorded
+    await _until(lambda: _requests(harness)["1"] == RequestCounts(1, 0))
+    assert harness.fe.hello_count(0) == 1, "counts came back without a new handshake"
+
+
+async def test_a_state_file_with_a_bad_coordinator_address_is_not_believed(
+    make_harness: MakeHarness,
+) -> None:
+    harness = make_harness(2)
+    state = harness.tmp_path / "s.json"
+    opts = {"fixed_base_port": free_port_range(3), "state_file": str(state)}
+    await harness.start_frontend(coordinator=lambda: [(0, 1), (0, 1)])
+    first = await harness.start_relay(**opts)
+    harness.start_engines()
+    await harness.wait_handshakes()
+    await _until(lambda: state.exists() and "coordinator_stats_address" in state.read_text())
+    await first.client.close()
+    written = json.loads(state.read_text())
+    for bad in (17, "", "x" * 100_000, ["tcp://127.0.0.1:1"]):
+        state.write_text(json.dumps({**written, "coordinator_stats_address": bad}))
+        relay = await harness.start_relay(**opts)
+        assert relay.transport.coordinator.address is None, bad  # the file as a whole ignored
+        assert not any(link.phase is Phase.RESTORED for link in relay.transport._links.values())
+        await relay.client.close()
