@@ -31,7 +31,7 @@ from exporter.fleetstate.invariants import (
     Invariant,
     is_unsupported,
 )
-from exporter.protocol.activity import RequestCounts
+from exporter.protocol.activity import RequestCounts, counts_text
 from exporter.protocol.pushes import FaultStatus
 
 
@@ -100,11 +100,6 @@ def _health_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | 
     why = f" ({ft.fault_info})" if ft is not None and ft.fault_info else ""
     status = ft.status if ft is not None else "healthy"
     return f"{HEALTHY}: fault tolerance reports {status}{why}, expected healthy={expected}", healthy
-
-
-def counts_text(counts: RequestCounts | None) -> str:
-    """``" (running 1, waiting 0)"``, or "" when the counts are not known."""
-    return "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
 
 
 def _drain_failure(engine: str, expected: bool, sample: Sample) -> tuple[str | None, bool | None]:
@@ -310,14 +305,14 @@ class Gate:
         details = {d.engine: d for d in client.engine_details()}
         results = await self._reader.read(wanted, self._timeout_s, details)
         outcomes = {method: {o.engine: o for o in got} for method, got in results.items()}
-        faults = None
-        if client.capabilities.fault_status:
-            # Read again after the fan-out: HTTP mode refreshes each server's status with it.
-            after = client.engine_details()
+        # Read again after the fan-out: HTTP mode refreshes each server's fault-tolerance
+        # status with it, and reads the request counts with has_work.
+        capable = client.capabilities
+        after = client.engine_details() if capable.fault_status or capable.request_counts else []
+        faults = requests = None
+        if capable.fault_status:
             faults = {d.engine: d.fault_status for d in after if d.fault_status is not None}
-        requests = None
-        if client.capabilities.request_counts:
-            after = client.engine_details()  # HTTP mode reads the counts with has_work
+        if capable.request_counts:
             requests = {d.engine: d.requests for d in after if d.requests is not None}
         sample = Sample(
             outcomes,

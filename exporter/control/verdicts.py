@@ -23,7 +23,7 @@ from exporter.fleetstate.checksums import (
     flatten,
 )
 from exporter.fleetstate.invariants import is_unsupported
-from exporter.protocol.activity import RequestCounts
+from exporter.protocol.activity import RequestCounts, counts_text
 from exporter.protocol.strings import bound_text
 
 #: Engine → its ``has_work`` read back and its published counts (None: unknown), for an action
@@ -99,7 +99,7 @@ def drain_failure(back: tuple[EngineOutcome, RequestCounts | None] | None) -> st
     o, counts = back
     if not o.ok:
         return f"could not read has_work: {o.error or o.outcome.value}"
-    said = "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
+    said = counts_text(counts)
     if o.value is not False:
         return f"paused, but it still has work{said}"
     if counts is not None and counts.total:

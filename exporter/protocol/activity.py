@@ -50,6 +50,11 @@ class RequestCounts(msgspec.Struct, frozen=True):
         return {"running": self.running, "waiting": self.waiting}
 
 
+def counts_text(counts: RequestCounts | None) -> str:
+    """``" (running 1, waiting 0)"`` for failure texts, or "" when the counts are not known."""
+    return "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
+
+
 def read_count(value: Any) -> int | None:
     """A request count, or None when ``value`` is not one (bools, NaN, negatives, fractions,
     anything above :data:`MAX_REQUESTS`)."""

@@ -92,7 +92,6 @@ KINDS = ("fake", "owner", "relay", "http", "http_plugin", "inprocess")
 #: Promises a kind may break today (``FleetKind.known_gaps``).
 ENGINE_STRINGS = "engine strings are cut where a reply is decoded"
 EVERY_READ_METHOD = "every read method is answered"
-HUNG_HAS_WORK = "a hung rank's has_work is unknown, never drained"
 #: What the fake's engines answer by default (a fresh simulated engine's answers).
 DEFAULT_ANSWERS: dict[str, Any] = {
     "is_sleeping": False,

@@ -93,11 +93,14 @@ def write_state(
     return None
 
 
-def load_state(path: str, expect: StateExpectation) -> list[SlotRecord]:
-    """The engines a previous exporter process had slots on ([] without a file); InvalidState
+def load_state(path: str, expect: StateExpectation) -> tuple[list[SlotRecord], dict[str, str]]:
+    """The engines a previous exporter process had slots on and the addresses it recorded
+    (``state_check.RECORDED_ADDRESSES``; both empty without a file); InvalidState
     (``state_check``) when the file cannot be believed as a whole."""
     data = read_bounded(path, expect.size_limit)
-    return [] if data is None else parse_state(data, expect)
+    if data is None:
+        return [], {}
+    return parse_state(data, expect), recorded_addresses(data)
 
 
 def records_of(links: Iterable[EngineLink]) -> list[SlotRecord]:
@@ -341,12 +344,10 @@ class StateFile:
         if not self.path:
             return []
         try:
-            data = read_bounded(self.path, expect.size_limit)
-            records = [] if data is None else parse_state(data, expect)
+            records, self.recorded = load_state(self.path, expect)
         except InvalidState as exc:
             log.warning("state file %s ignored: %s; %s", self.path, exc, ignored)
             return []
-        self.recorded = recorded_addresses(data) if data is not None else {}
         restored = restore_links(records, links)
         if restored:
             log.info("restored engines %s from %s without a handshake", restored, self.path)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from exporter.fleetstate.snapshot import FleetSnapshot
-from tests.harness.fleet_kinds import ENGINES, HUNG_HAS_WORK, FleetKind, ServedKind, serve_kind
+from tests.harness.fleet_kinds import ENGINES, FleetKind, ServedKind, serve_kind
 from tests.harness.scrape import Families, metric_value, samples
 from tests.harness.statusschema import validate_status
 from tests.harness.waiting import eventually
@@ -71,13 +71,6 @@ def inconsistencies(served: ServedKind, m: Families) -> float:
     found = samples(m, "vllm_dp_inconsistent_utility_results_total")
     assert sum(s.value for s in found) == sum(served.exporter.stats.inconsistent_results.values())
     return sum(s.value for s in found)
-
-
-def expect_gap(kind: FleetKind, promise: str, request: pytest.FixtureRequest) -> None:
-    """A promise ``kind`` breaks today (``FleetKind.known_gaps``): a strict xfail for it."""
-    reason = kind.known_gaps.get(promise)
-    if reason is not None:
-        request.node.add_marker(pytest.mark.xfail(reason=f"{kind.name}: {reason}", strict=True))
 
 
 def needs_scheduler(kind: FleetKind) -> None:
@@ -182,10 +175,8 @@ async def break_has_work(kind: FleetKind, fault: str, i: int, given: Any) -> Non
 
 @pytest.mark.parametrize("fault", FAULTS)
 async def test_a_rank_whose_has_work_cannot_be_read_is_unknown_never_drained(
-    fleet_kind: FleetKind, served: ServedKind, fault: str, request: pytest.FixtureRequest
+    fleet_kind: FleetKind, served: ServedKind, fault: str
 ) -> None:
-    if fault == "hung":
-        expect_gap(fleet_kind, HUNG_HAS_WORK, request)
     position, given = FAULTS[fault]
     me = fleet_kind.labels[position]
     await break_has_work(fleet_kind, fault, position, given)

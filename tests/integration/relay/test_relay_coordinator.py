@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import zmq.asyncio
 
+from exporter.base.faults import ProtocolErrorTally
 from exporter.base.ports import free_port_range
 from exporter.client.enginecore.links import Phase
 from exporter.client.relay import coordinator
@@ -176,3 +178,22 @@ async def test_a_state_file_with_a_bad_coordinator_address_is_not_believed(
         assert relay.transport.coordinator.address is None, bad  # the file as a whole ignored
         assert not any(link.phase is Phase.RESTORED for link in relay.transport._links.values())
         await relay.client.close()
+
+
+async def test_an_init_naming_a_malformed_publication_is_counted_and_nothing_is_read() -> None:
+    """The address comes from the front end's INIT (a peer's value): one ZMQ refuses is
+    counted, the counts stay unknown, and the next good address is still followed."""
+    faults = ProtocolErrorTally()
+    ctx = zmq.asyncio.Context()
+    counts = coordinator.CoordinatorCounts(ctx, faults, range(3))
+    try:
+        for bad in ("not an address", "tcp://", "tcp://127.0.0.1:" + "9" * 10_000, "udp://x:1"):
+            counts.follow(bad)
+            await asyncio.sleep(0.05)  # the subscription runs on the loop
+            assert counts.counts() == {}, bad
+        assert faults.counts.get("bad_coordinator_address", 0) >= 3
+        counts.follow(None)  # no coordinator: the last address stays, nothing new
+        assert counts.address == "udp://x:1"
+    finally:
+        await counts.close()
+        ctx.term()

@@ -49,7 +49,7 @@ async def test_a_burst_of_changes_is_coalesced_and_ends_with_the_latest_state(
         {i: (f"{i:04x}", f"tcp://127.0.0.1:{7001 + i}") for i in range(1024)},
         None,
     )
-    restored = load_state(str(path), expect)
+    restored, _ = load_state(str(path), expect)
     assert [r.engine_index for r in restored] == list(range(1024))
     assert restored[5].vllm_version == "0.33.0"
 
