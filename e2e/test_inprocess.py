@@ -461,7 +461,7 @@ class TestPluginInVllmServe:
 
         def busy_rank() -> str | None:
             acts = activities(endpoint.status())
-            running = [e for e, a in acts.items() if (a["running"] or 0) >= 1]
+            running = [e for e, a in acts.items() if a["has_work"] and (a["running"] or 0) >= 1]
             return running[0] if len(running) == 1 else None
 
         with ActivityLog(endpoint.status) as log:

@@ -396,14 +396,15 @@ def test_scenario11_a_stopped_engine_is_hung_not_down_then_routable_again(
     assert exporter.status()["engines"][1]["handshakes"] == handshakes  # no new handshake
 
 
-def front_end_running(api: str) -> dict[str, float]:
-    """Engine → the front end's own ``vllm:num_requests_running`` (one API server, so its
-    per-engine gauges have samples; fresh while the engines step): the ranks vLLM's load
-    balancer gave work."""
+def front_end_generated(api: str) -> dict[str, float]:
+    """Engine → the front end's own ``vllm:generation_tokens_total`` (one API server, so its
+    per-engine series have samples). A counter, so the rank vLLM's load balancer gave a
+    generation is the one whose count grows; its ``vllm:num_requests_running`` gauge can
+    still hold an earlier request's 1 (refreshed only while that engine steps)."""
     scrape = web.Scrape(web.get(f"{api}/metrics").body.decode())
     return {
         str(s.labels["engine"]): float(s.value)
-        for s in scrape.find("vllm:num_requests_running")
+        for s in scrape.find("vllm:generation_tokens_total")
         if "engine" in s.labels
     }
 
@@ -412,15 +413,17 @@ def front_end_running(api: str) -> dict[str, float]:
 def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
     relay: RelayDeployment,
 ) -> None:
-    """One long streamed generation: the rank the front end's own gauges say runs it has
+    """One long streamed generation: the rank whose tokens the front end's own counter counts has
     work (``/status`` activity, ``vllm_dp_engine_has_work`` 1, and ``running`` ≥ 1: the relay
     follows the DP coordinator's publication to the front end), the other is drained;
     ``/gate?drained=true`` 412 naming that rank alone, with its counts; 200 again within 60 s
     of the stream's end (e2e/activity.py)."""
 
+    before = front_end_generated(relay.api_url)
+
     def busy_rank() -> str | None:
-        running = [e for e, n in front_end_running(relay.api_url).items() if n >= 1]
-        return running[0] if len(running) == 1 else None
+        grew = [e for e, n in front_end_generated(relay.api_url).items() if n > before.get(e, 0)]
+        return grew[0] if len(grew) == 1 else None
 
     with ActivityLog(relay.exporter.status) as log:
         seen = generation_is_work_then_drains(
