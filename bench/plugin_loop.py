@@ -17,21 +17,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bench.procs import engine_fleet, free_address
 from bench.report_model import machine_lines
 from bench.sim_vllm import start_sim_vllm
+from bench.steps import StepLog, timed_steps
 from exporter.base import eventloop
+from exporter.base.steps import Steps
 from exporter.inprocess.runtime import InProcessRuntime
 from exporter.metrics.exposition import render_text
+from exporter.web.app import gate_answer, status_document_steps
+from exporter.web.statusdoc import json_steps
 
 PROBE_S = 0.005
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,15 +76,55 @@ async def phase(seconds: float, runtime: InProcessRuntime | None) -> Phase:
     return result
 
 
-async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
+async def surfaces(runtime: InProcessRuntime, steps: StepLog) -> dict[str, float]:
+    """The longest step (ms of CPU) of a fresh ``/metrics`` series render, of a ``/dp/status``
+    document with its JSON, and of a ``/dp/gate`` fan-out, each run as vLLM's route would."""
+    exporter = runtime.exporter
+    assert exporter is not None
+    runtime._series = None  # a fresh render, as after every poll
+    found = {}
+    for key, work in (
+        ("series", lambda: runtime.series()),
+        ("gate", lambda: gate_answer(exporter, {})),
+    ):
+        steps.clear()
+        await asyncio.ensure_future(work())
+        found[key] = steps.exporter_longest()[0]
+    # What the plugin's /dp/status route does on the loop, a step per turn.
+    doc, building = longest_step(status_document_steps(exporter))
+    _, writing = longest_step(json_steps(doc))
+    found["status"] = max(building, writing)
+    return found
+
+
+def longest_step(steps: Steps[T]) -> tuple[T, float]:
+    """``steps`` run to completion, and its longest step (s of this thread's CPU)."""
+    longest = 0.0
+    while True:
+        started = time.thread_time()
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, max(longest, time.thread_time() - started)
+        longest = max(longest, time.thread_time() - started)
+
+
+async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     address = free_address()
     with engine_fleet(address, size, log_dir):
         llm = await start_sim_vllm(address, size)
+        steps = StepLog()
         try:
             await llm.engine_core.wait_connected(120)
+            # vLLM's API server freezes its start-up heap once serving (freeze_gc_heap): the
+            # oldest generation's collections then skip it. The same here.
+            gc.collect()
+            gc.freeze()
             without: list[Phase] = []
             with_plugin: list[Phase] = []
             render_ms: list[float] = []
+            longest: list[tuple[float, str]] = []
+            surface_ms: dict[str, float] = {}
             for _ in range(args.repeats):
                 without.append(await phase(args.phase_seconds, None))
                 env = {
@@ -85,10 +132,17 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
                     "VLLM_DP_EXPORTER_CALL_TIMEOUT": "5",
                 }
                 runtime = InProcessRuntime(environ=env)
-                await runtime.start(llm, None)
-                assert runtime.exporter is not None, runtime.problem
-                await asyncio.sleep(args.poll_interval)  # the first poll is not the steady state
-                with_plugin.append(await phase(args.phase_seconds, runtime))
+                with timed_steps(steps):
+                    await runtime.start(llm, None)
+                    assert runtime.exporter is not None, runtime.problem
+                    await asyncio.sleep(args.poll_interval)  # the first poll is not steady
+                    steps.clear()
+                    steps.recording = True
+                    with_plugin.append(await phase(args.phase_seconds, runtime))
+                    longest.append(steps.exporter_longest())
+                    for key, seconds in (await surfaces(runtime, steps)).items():
+                        surface_ms[key] = max(surface_ms.get(key, 0.0), seconds * 1000)
+                    steps.recording = False
                 for _ in range(20):
                     started = time.perf_counter()
                     families = runtime.families()
@@ -97,10 +151,17 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
                     render_ms.append((time.perf_counter() - started) * 1000)
                 await runtime.stop()
         finally:
+            gc.unfreeze()
             await llm.shutdown()
     polls = sum(p.polls for p in with_plugin)
     extra_cpu = sum(p.cpu_s for p in with_plugin) - sum(p.cpu_s for p in without)
+    step_s, step_where = max(longest)
     return {
+        "step_ms": step_s * 1000,
+        "step_where": step_where.removeprefix("exporter:"),
+        "series_step_ms": surface_ms["series"],
+        "gate_step_ms": surface_ms["gate"],
+        "status_ms": surface_ms["status"],
         "engines": size,
         "lag_p50_without": statistics.median(p.quantile(0.5) for p in without),
         "lag_p50_with": statistics.median(p.quantile(0.5) for p in with_plugin),
@@ -109,13 +170,58 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
         "lag_max_without": max(max(p.lags_ms) for p in without),
         "lag_max_with": max(max(p.lags_ms) for p in with_plugin),
         "cpu_ms_per_poll": extra_cpu * 1000 / polls if polls else float("nan"),
+        "cpu_us_per_engine": extra_cpu * 1e6 / polls / size if polls else float("nan"),
         "polls": polls,
         "render_ms_p50": statistics.median(render_ms),
         "render_ms_max": max(render_ms),
     }
 
 
-def report(rows: Sequence[dict[str, float]], args: argparse.Namespace, command: str) -> str:
+#: In-process CPU per poll per engine before issue 33 on this machine (µs): ``python -m
+#: bench.plugin_loop --sizes 64,256 --repeats 2 --phase-seconds 6 --out -`` at commit d6bdcbe
+#: (the simulated vLLM client then sent each call through the owner-mode fan-out).
+BEFORE_US_PER_ENGINE = {64: 563.0, 256: 607.0}
+#: The goals of issue 33, checked at these sizes.
+GOAL_SIZES = (64, 256)
+P99_RATIO, MAX_RATIO, STEP_MS, CPU_SHARE = 1.3, 2.0, 3.0, 0.5
+
+
+def goals(r: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Each goal of issue 33 for one row: (what, holds)."""
+    size = int(r["engines"])
+    before = BEFORE_US_PER_ENGINE.get(size)
+    checks = [
+        (
+            f"lag p99 {r['lag_p99_with'] / r['lag_p99_without']:.2f}x of without (≤ {P99_RATIO}x)",
+            r["lag_p99_with"] <= P99_RATIO * r["lag_p99_without"],
+        ),
+        (
+            f"lag max {r['lag_max_with'] / r['lag_max_without']:.2f}x of without (≤ {MAX_RATIO}x)",
+            r["lag_max_with"] <= MAX_RATIO * r["lag_max_without"],
+        ),
+    ]
+    for key, what in (
+        ("step_ms", "poll"),
+        ("series_step_ms", "/metrics"),
+        ("gate_step_ms", "/dp/gate"),
+        ("status_ms", "/dp/status"),
+    ):
+        checks.append(
+            (f"{what} longest step {r[key]:.2f} ms (≤ {STEP_MS:g} ms)", r[key] <= STEP_MS)
+        )
+    if before:
+        checks.append(
+            (
+                f"CPU per poll per engine {r['cpu_us_per_engine']:.0f} µs, "
+                f"{r['cpu_us_per_engine'] / before:.2f}x of before "
+                f"({before:.0f} µs; ≤ {CPU_SHARE}x)",
+                r["cpu_us_per_engine"] <= CPU_SHARE * before,
+            )
+        )
+    return checks
+
+
+def report(rows: Sequence[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     lines = [
         "# The in-process exporter's cost on the event loop it shares with vLLM",
         "",
@@ -125,32 +231,51 @@ def report(rows: Sequence[dict[str, float]], args: argparse.Namespace, command: 
         "again and again and records how late it wakes. Phases of "
         f"{args.phase_seconds:g} s alternate without and with the plugin's runtime polling every "
         f"{args.poll_interval:g} s, {args.repeats} of each per engine count; lags are the median "
-        "over phases of each phase's quantile, the maximum over all phases.",
+        "over phases of each phase's quantile, the maximum over all phases. The heap is frozen "
+        "after start-up, as vLLM's API server does (`freeze_gc_heap`).",
         "",
         *machine_lines(),
         "",
         "| engines | lag p50 without / with (ms) | lag p99 without / with (ms) | "
-        "lag max without / with (ms) | CPU per poll (ms) | polls | "
-        "`vllm_dp_*` render p50 / max (ms) |",
-        "|---|---|---|---|---|---|---|",
+        "lag max without / with (ms) | CPU per poll (ms) | per engine (µs) | polls | "
+        "longest exporter step (ms CPU, where) | `/metrics` / `/dp/gate` / `/dp/status` "
+        "longest step (ms CPU) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['engines']:.0f} | {r['lag_p50_without']:.2f} / {r['lag_p50_with']:.2f} | "
             f"{r['lag_p99_without']:.2f} / {r['lag_p99_with']:.2f} | "
             f"{r['lag_max_without']:.1f} / {r['lag_max_with']:.1f} | "
-            f"{r['cpu_ms_per_poll']:.2f} | {r['polls']:.0f} | "
-            f"{r['render_ms_p50']:.2f} / {r['render_ms_max']:.2f} |"
+            f"{r['cpu_ms_per_poll']:.2f} | {r['cpu_us_per_engine']:.0f} | {r['polls']:.0f} | "
+            f"{r['step_ms']:.2f} (`{r['step_where']}`) | "
+            f"{r['series_step_ms']:.2f} / {r['gate_step_ms']:.2f} / {r['status_ms']:.2f} |"
         )
+    lines += ["", "## Goals (issue 33)", ""]
+    for r in rows:
+        if int(r["engines"]) not in GOAL_SIZES:
+            continue
+        for what, holds in goals(r):
+            lines.append(
+                f"- {r['engines']:.0f} engines: {what}: **{'holds' if holds else 'fails'}**"
+            )
     lines += [
         "",
         "CPU per poll is this process's CPU time with the runtime minus without it, per "
         "completed poll (every read method on every engine: is_sleeping, is_scheduler_paused, "
-        "get_weight_version, has_work; the snapshot, the history); "
-        "it includes the simulated engine-core client's own work on the wire, which vLLM's "
-        "client does in the real process. The lag's maximum with the runtime is the longest "
-        "synchronous stretch of a poll (building and publishing its snapshot); noisy values "
-        "at small sizes are within the machine's spread.",
+        "get_weight_version, has_work; the snapshot, the history); it includes the simulated "
+        "vLLM client's own work on the wire (encoding each call, one socket write, its output "
+        "reader resolving the future), which vLLM's client does in the real process. A step is "
+        "one uninterrupted run of one task on the loop, timed with the thread's CPU clock "
+        "(`bench/steps.py`: the simulated engines share this machine's cores, so wall-clock "
+        "stretches would count their time too); the exporter's steps are those of its own "
+        "coroutines. The lag maximum is wall-clock and includes the machine's own spread.",
+        "",
+        "How the simulated client differs from vLLM's: it is the exporter's owner-mode "
+        "transport under vLLM's per-call path (`bench/sim_vllm.py`, `SimWire`): the same "
+        "msgpack encoding, one ZMQ write per call, futures kept in `utility_results` until the "
+        "reply and popped by the output reader; vLLM's client adds its own request "
+        "bookkeeping and runs its output reader on the same loop.",
         "",
     ]
     return "\n".join(lines)
@@ -158,7 +283,7 @@ def report(rows: Sequence[dict[str, float]], args: argparse.Namespace, command: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.plugin_loop", description=__doc__)
-    p.add_argument("--sizes", default="2,8,64")
+    p.add_argument("--sizes", default="2,8,64,256")
     p.add_argument("--phase-seconds", type=float, default=8.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--poll-interval", type=float, default=1.0)

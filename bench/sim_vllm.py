@@ -27,12 +27,12 @@ import zmq.asyncio
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore.client import EngineCoreClient
-from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, EngineOutcome, Outcome
-from exporter.client.owner import OwnerConfig, owner_client
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS
+from exporter.client.owner import OwnerConfig, OwnerTransport
+from exporter.error import EngineUnavailable
+from exporter.protocol import EngineOutput, encode_utility_request
+from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.pushes import encode_ft_status_value
-
-#: vLLM's utility calls have no timeout; the simulation's wire waits this long at most.
-NO_TIMEOUT_S = 3600.0
 
 
 class EngineDeadError(Exception):
@@ -54,12 +54,82 @@ class Resources:
 COORDINATOR_INTERVAL_S = 0.1
 
 
+class SimWire(EngineCoreClient):
+    """The simulated client's wire: the owner-mode transport (handshake, sockets) with vLLM's
+    per-call path on top (``send_call``: one encoded request written to one engine's socket;
+    replies to those calls go to ``SimEngineCore``, by call id, as vLLM's output handler
+    routes them). Its own fan-out (``call_utility``) is not used: that is the exporter's
+    owner-mode client, whose per-call cost is not vLLM's."""
+
+    def __init__(
+        self,
+        config: OwnerConfig,
+        faults: ProtocolErrorTally,
+        *,
+        context: zmq.asyncio.Context | None = None,
+        allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
+    ) -> None:
+        super().__init__(
+            lambda listener: OwnerTransport(config, listener, faults, context=context),
+            faults,
+            allowed_methods=allowed_methods,
+        )
+        #: call id → engine, for the calls ``send_call`` sent and no reply answered yet.
+        self._sim_calls: dict[int, int] = {}
+        self._reply: Callable[[int, str | None, Any], None] = lambda *_: None
+        self._gone: Callable[[list[int]], None] = lambda _: None
+        self._up: Callable[[int, KvEventsSource | None], None] = lambda *_: None
+
+    def replies_to(
+        self,
+        reply: Callable[[int, str | None, Any], None],
+        gone: Callable[[list[int]], None],
+        up: Callable[[int, KvEventsSource | None], None],
+    ) -> None:
+        self._reply, self._gone, self._up = reply, gone, up
+
+    def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
+        super().on_engine_up(engine_index, handshaken)
+        for link in self.transport.link_snapshots():
+            if link.engine_index == engine_index:
+                reg = link.registration
+                self._up(engine_index, reg.kv_events if reg is not None else None)
+
+    def send_call(
+        self, call_id: int, engine_index: int, method: str, args: tuple[Any, ...]
+    ) -> None:
+        """Encode one utility request and write it to ``engine_index``'s socket
+        (``EngineUnavailable`` when that engine is not connected)."""
+        transport = self.transport
+        payload = encode_utility_request(
+            transport.client_index(engine_index), call_id, method, args
+        )
+        transport.send_utility(engine_index, payload)
+        self._sim_calls[call_id] = engine_index
+
+    def on_output(self, engine_index: int, output: EngineOutput) -> bool:
+        reply = output.utility
+        if reply is not None and self._sim_calls.get(reply.call_id) == engine_index:
+            del self._sim_calls[reply.call_id]
+            self._reply(reply.call_id, reply.failure_message, reply.value)
+            return True
+        return super().on_output(engine_index, output)
+
+    def on_engine_down(self, engine_index: int, reason: str) -> None:
+        super().on_engine_down(engine_index, reason)
+        lost = [c for c, e in self._sim_calls.items() if e == engine_index]
+        for call_id in lost:
+            del self._sim_calls[call_id]
+        if lost:
+            self._gone(lost)
+
+
 class SimEngineCore:
     """vLLM's engine-core client, as far as in-process mode reads it (module docstring)."""
 
     def __init__(
         self,
-        wire: EngineCoreClient,
+        wire: SimWire,
         ranks: list[int],
         client_index: int = 0,
         *,
@@ -71,7 +141,9 @@ class SimEngineCore:
         self.resources = Resources()
         self.client_index = client_index
         self._ids = itertools.count(1)
-        self._calls: set[asyncio.Task[list[EngineOutcome]]] = set()
+        #: DP rank → its registered KV-events config (vLLM's ``_kv_event_sources``).
+        self._kv_event_sources: dict[int, Any] = {}
+        wire.replies_to(self._on_reply, self._on_engine_gone, self._on_engine_up)
         #: vLLM 0.33's locally-cached engine status (``AsyncMPClient.__init__``).
         self._engine_status: dict[int, dict[str, Any]] = {}
         #: vLLM's load-balancing table, ``[waiting, running, kv_cache_usage]`` per managed
@@ -110,52 +182,60 @@ class SimEngineCore:
         self.resources.stats_update_task = asyncio.ensure_future(publish())
 
     async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
+        """vLLM's ``_call_utility_async``: a future under a new call id in
+        ``utility_results``, the request encoded and written to the engine's socket, and no
+        timeout: the output reader resolves the future when the reply comes."""
         if self.resources.engine_dead:
             raise EngineDeadError()
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.utility_results[call_id] = future
-        label = str(int.from_bytes(engine, "little"))
-        task = asyncio.ensure_future(
-            self._wire.call_utility(method, tuple(args), timeout_s=NO_TIMEOUT_S, engines=[label])
-        )
-        self._calls.add(task)
-        task.add_done_callback(lambda done: self._deliver(call_id, done))
+        try:
+            self._wire.send_call(call_id, int.from_bytes(engine, "little"), method, args)
+        except EngineUnavailable:  # vLLM's client finds the engine gone: dead as a whole
+            del self.utility_results[call_id]
+            self.resources.engine_dead = True
+            raise EngineDeadError() from None
         return await future
 
-    def _deliver(self, call_id: int, task: asyncio.Task[list[EngineOutcome]]) -> None:
-        self._calls.discard(task)
-        future = self.utility_results.pop(call_id)  # vLLM's handler: no default
-        if task.cancelled() or future.done():
-            return  # the caller was cancelled: vLLM drops the late reply the same way
-        if task.exception() is not None:  # the wire refused the call (not allow-listed)
-            future.set_exception(Exception(str(task.exception())))
+    def _on_reply(self, call_id: int, failure: str | None, value: Any) -> None:
+        """vLLM's output handler: the future popped without a default (an unknown id raises
+        there), then resolved, unless its caller gave up on it."""
+        future = self.utility_results.pop(call_id)
+        if future.done():
             return
-        (outcome,) = task.result()
-        if outcome.outcome is Outcome.OK:
-            future.set_result(outcome.value)
-        elif outcome.outcome is Outcome.FAILED:
-            future.set_exception(Exception(outcome.error))
-        else:  # the engine is gone: vLLM's front end marks itself dead
-            self.resources.engine_dead = True
-            future.set_exception(EngineDeadError())
+        if failure is None:
+            future.set_result(value)
+        else:
+            future.set_exception(Exception(failure))
+
+    def _on_engine_gone(self, call_ids: list[int]) -> None:
+        """An engine with calls in flight went away: vLLM's client marks itself dead and
+        fails every waiting call."""
+        self.resources.engine_dead = True
+        for call_id in call_ids:
+            future = self.utility_results.pop(call_id, None)
+            if future is not None and not future.done():
+                future.set_exception(EngineDeadError())
 
     def get_kv_event_sources(self) -> dict[int, Any]:
-        """vLLM's ``MPClient.get_kv_event_sources``: each engine's registered publisher config
-        (an object with ``KVEventsConfig``'s attributes), keyed by DP rank, for the engines
-        whose registration carried one."""
-        sources: dict[int, Any] = {}
-        for detail in self._wire.engine_details():
-            kv = detail.kv_events
-            if kv is not None:
-                sources[int(detail.engine)] = SimpleNamespace(
-                    enable_kv_cache_events=True,
-                    publisher=kv.publisher,
-                    endpoint=kv.endpoint,
-                    replay_endpoint=kv.replay_endpoint,
-                    topic=kv.topic,
-                )
-        return sources
+        """vLLM's ``MPClient.get_kv_event_sources``: a copy of each engine's registered
+        publisher config (an object with ``KVEventsConfig``'s attributes), keyed by DP rank,
+        for the engines whose registration carried one (``_on_engine_up`` records it, as
+        vLLM records it when the engine registers)."""
+        return dict(self._kv_event_sources)
+
+    def _on_engine_up(self, engine_index: int, kv: KvEventsSource | None) -> None:
+        if kv is None:
+            self._kv_event_sources.pop(engine_index, None)
+            return
+        self._kv_event_sources[engine_index] = SimpleNamespace(
+            enable_kv_cache_events=True,
+            publisher=kv.publisher,
+            endpoint=kv.endpoint,
+            replay_endpoint=kv.replay_endpoint,
+            topic=kv.topic,
+        )
 
     async def wait_connected(self, timeout_s: float) -> None:
         """Until every engine has handshaken (as vLLM's start-up waits), at most ``timeout_s``."""
@@ -170,8 +250,9 @@ class SimEngineCore:
         stats = self.resources.stats_update_task
         if stats is not None:
             stats.cancel()
-        for task in list(self._calls):
-            task.cancel()
+        for future in self.utility_results.values():
+            future.cancel()
+        self.utility_results.clear()
         await self._wire.close()
 
 
@@ -225,7 +306,7 @@ async def start_sim_vllm(
     faults = ProtocolErrorTally()
     config = OwnerConfig(engine_count=engine_count, handshake_address=handshake_address)
     methods = DEFAULT_ALLOWED_METHODS | {"get_supported_tasks", "collective_rpc"}
-    wire = owner_client(config, faults, context=context, allowed_methods=methods)
+    wire = SimWire(config, faults, context=context, allowed_methods=methods)
     await wire.start()
     core = SimEngineCore(
         wire,

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
+from exporter.base.steps import Steps, run_steps_async
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.fleetstate.activity import hung_after_s
@@ -25,6 +26,9 @@ from exporter.metrics.stats import Stats
 log = logging.getLogger("exporter.poller")
 #: The reads with a fleet verdict (strict consensus); ``has_work`` is per rank only.
 CONSENSUS_METHODS = frozenset(inv.method for inv in INVARIANTS)
+
+#: Engines per step of a snapshot's build (in-process mode builds it on vLLM's event loop).
+ENGINES_PER_STEP = 64
 
 #: The inconsistency warning (every engine's value) is logged at most once per method this
 #: often; the polls in between are counted in the next line (and always in the metrics).
@@ -149,11 +153,14 @@ class Poller:
             for method, outcomes in read.items()
         }
         duration = time.perf_counter() - started
+        # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
+        await asyncio.sleep(0)
         self._forget_gone(client.engine_labels)  # the fan-out may have learnt other engines
         # Details read again: what the fan-out learnt (HTTP mode's counts come with has_work).
         after = {d.engine: d for d in client.engine_details()}
         details = {engine: after.get(engine, d) for engine, d in details.items()}
-        snap = self._build(results, details, duration, self._wall())
+        await asyncio.sleep(0)
+        snap = await run_steps_async(self._build_steps(results, details, duration, self._wall()))
         self._publish(snap, results)
         return snap
 
@@ -194,19 +201,23 @@ class Poller:
             del self._last_answer[engine]
         self._stats.keep_engines(current)
 
-    def _build(
+    def _build_steps(
         self,
         results: dict[str, list[EngineOutcome]],
         details: dict[str, EngineDetail],
         duration: float,
         now: float,
-    ) -> FleetSnapshot:
+    ) -> Steps[FleetSnapshot]:
+        """The poll's snapshot, in steps of ``ENGINES_PER_STEP`` engines."""
         by_engine: dict[str, dict[str, EngineOutcome]] = {engine: {} for engine in details}
         for method, outcomes in results.items():
             for o in outcomes:
                 by_engine.setdefault(o.engine, {})[method] = o
+        yield
         engines = []
-        for engine, detail in details.items():
+        for position, (engine, detail) in enumerate(details.items(), 1):
+            if position % ENGINES_PER_STEP == 0:
+                yield
             answers = by_engine[engine]
             sleeping = answers.get(SLEEPING.method)
             if sleeping is not None and sleeping.ok:

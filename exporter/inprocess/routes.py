@@ -27,15 +27,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from multidict import CIMultiDict
 
+from exporter.base.steps import run_steps_async
 from exporter.control.actions import ACTIONS, ActionSpec
 from exporter.inprocess.peer import FORWARDED_FOR, Peer, request_peer
 from exporter.inprocess.runtime import InProcessRuntime
-from exporter.metrics.exposition import render_text
-from exporter.metrics.families import Family
 from exporter.web.admin import AdminHttpRequest
-from exporter.web.app import ROUTABLE_CACHE, gate_answer, readiness, status_document
+from exporter.web.app import (
+    ROUTABLE_CACHE,
+    gate_answer,
+    readiness,
+    status_document,
+    status_document_steps,
+)
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import routable_document
+from exporter.web.statusdoc import json_steps, routable_document
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -74,10 +79,17 @@ class PluginHandlers:
         self.vllm_metrics = vllm_metrics
 
     async def status(self, request: Request) -> Response:
+        """Built and written a step per turn of vLLM's loop (256 engines: ~360 KB of JSON)."""
         exporter = self.runtime.exporter
         if exporter is None:
             return _unavailable(self.runtime)
-        return json_response(status_document(exporter), headers={"Cache-Control": "no-store"})
+        doc = await run_steps_async(status_document_steps(exporter))
+        body = await run_steps_async(json_steps(doc))
+        return Response(
+            body,
+            media_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def page(self, request: Request) -> Response:
         exporter = self.runtime.exporter
@@ -119,29 +131,26 @@ class PluginHandlers:
         doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
         return json_response(doc, headers={"Cache-Control": "no-store"})
 
-    def ours(self, own: list[Family] | None) -> bytes:
-        """The ``vllm_dp_*`` series (every API server's, merged), or nothing: a failure here
-        is logged and never costs vLLM its own series."""
-        if own is None:
-            return b""
+    async def ours(self) -> bytes | None:
+        """The ``vllm_dp_*`` series (every API server's, merged), None while the plugin is
+        not running; a failure here is logged and never costs vLLM its own series."""
         try:
-            return render_text(self.runtime.merge(own))
+            return await self.runtime.series()
         except Exception:
             log.exception("dp_exporter: the vllm_dp_* series could not be rendered")
             return b""
 
     async def metrics(self, request: Request) -> Response:
         """vLLM's series, then ours (absent while the plugin is not running)."""
-        own = self.runtime.families()
-        body = await asyncio.to_thread(lambda: self.vllm_metrics() + self.ours(own))
+        ours = await self.ours()
+        body = await asyncio.to_thread(self.vllm_metrics) + (ours or b"")
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def dp_metrics(self, request: Request) -> Response:
         """The ``vllm_dp_*`` series alone (the status page links here; a scrape of its own)."""
-        own = self.runtime.families()
-        if own is None:
+        body = await self.ours()
+        if body is None:
             return _unavailable(self.runtime)
-        body = await asyncio.to_thread(self.ours, own)
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def healthz(self, request: Request) -> Response:

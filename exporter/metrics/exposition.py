@@ -15,6 +15,7 @@ from typing import cast
 
 from prometheus_client.utils import floatToGoString
 
+from exporter.base.steps import Steps, run_steps
 from exporter.metrics.families import Family
 
 _float_to_go = cast(Callable[[float], str], floatToGoString)
@@ -56,9 +57,23 @@ def _label_writer(names: Sequence[str]) -> Callable[[Sequence[str]], str]:
     return lambda v: "{" + '",'.join(k + esc(v[i]) for k, i in pairs) + '"}'
 
 
+#: Samples written per step of ``text_steps``.
+LINES_PER_STEP = 1000
+
+
 def render_text(families: Sequence[Family]) -> bytes:
+    return run_steps(text_steps(families))
+
+
+def text_steps(families: Sequence[Family]) -> Steps[bytes]:
+    """``render_text`` in steps of about ``LINES_PER_STEP`` samples (``exporter.base.steps``);
+    the families are not changed while it runs (``build_families`` makes new ones)."""
     out: list[str] = []
+    written = 0
     for fam in families:
+        if len(out) - written >= LINES_PER_STEP:
+            written = len(out)
+            yield
         spec = fam.spec
         name = spec.name  # counters already carry _total, as generate_latest writes them
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
@@ -67,6 +82,9 @@ def render_text(families: Sequence[Family]) -> bytes:
             labels = _label_writer(fam.labels)
             bucket_labels = _label_writer((*fam.labels, "le"))
             for values, buckets, total in fam.histograms:
+                if len(out) - written >= LINES_PER_STEP:
+                    written = len(out)
+                    yield
                 for le, count in buckets:
                     out.append(f"{name}_bucket{bucket_labels((*values, le))} {_go(count)}\n")
                 plain = labels(values)
@@ -74,5 +92,12 @@ def render_text(families: Sequence[Family]) -> bytes:
                 out.append(f"{name}_sum{plain} {_go(total)}\n")
             continue
         labels = _label_writer(fam.labels)
-        out.extend(f"{name}{labels(values)} {_go(value)}\n" for values, value in fam.rows)
+        rows = fam.rows
+        for start in range(0, len(rows), LINES_PER_STEP):
+            if start:
+                yield
+            out.extend(
+                f"{name}{labels(values)} {_go(value)}\n"
+                for values, value in rows[start : start + LINES_PER_STEP]
+            )
     return "".join(out).encode("utf-8")

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.steps import Steps, run_steps
 from exporter.client.fleet import ClientCounters, EngineDetail
 from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.activity import routability
@@ -39,7 +40,7 @@ from exporter.metrics.catalog import (
     UNKNOWN_FACT,
     MetricSpec,
 )
-from exporter.metrics.stats import Histogram, Stats, histogram_rows
+from exporter.metrics.stats import Histogram, Stats
 
 Labels = tuple[str, ...]
 
@@ -78,14 +79,20 @@ class _Builder:
         for labels, value in sorted(rows.items()):
             self.add(fam, labels, float(value))
 
-    def histograms(self, name: str, hist: Histogram) -> None:
+    def histograms(self, name: str, hist: Histogram) -> Steps[None]:
         fam = self.family(name)
-        for labels, buckets, total in histogram_rows(hist):
+        for position, (labels, buckets, total) in enumerate(hist.iter_rows(), 1):
+            if position % ROWS_PER_STEP == 0:
+                yield
             fam.histograms.append(((*labels, *self.extra_values), buckets, total))
 
 
 def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
     return {(key,): value for key, value in counts.items()}
+
+
+#: Engines (or labelled histogram children) per step of ``family_steps``.
+ROWS_PER_STEP = 32
 
 
 def build_families(
@@ -98,15 +105,29 @@ def build_families(
 ) -> list[Family]:
     """Every series the exporter publishes right now, in exposition order; ``client_counters``
     are the attach mode's own (``FleetClient.counters``)."""
+    return run_steps(family_steps(snap, stats, faults, model_name, client_counters))
+
+
+def family_steps(
+    snap: FleetSnapshot,
+    stats: Stats,
+    faults: ProtocolErrorTally,
+    model_name: str | None = None,
+    client_counters: ClientCounters | None = None,
+) -> Steps[list[Family]]:
+    """``build_families`` in steps of ``ROWS_PER_STEP`` engines (``exporter.base.steps``).
+    Run a step per loop turn, the counters it reads may move between steps: copied first."""
+    counters = {name: dict(counts) for name, counts in (client_counters or {}).items()}
     b = _Builder(model_name)
-    _engine_rows(b, snap)
+    yield from _engine_rows(b, snap)
     _push_rows(b, snap)
+    yield
     _fleet_rows(b, snap)
-    _counter_rows(b, stats, faults, client_counters or {})
+    yield from _counter_rows(b, stats, faults, counters)
     return b.families
 
 
-def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
+def _engine_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
     up = b.family("vllm_dp_engine_up")
     sleeping = b.family("vllm_dp_engine_sleeping")
     paused = b.family("vllm_dp_engine_paused")
@@ -119,7 +140,9 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> None:
     last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
     info = b.family("vllm_dp_engine_info")
     weights = b.family("vllm_dp_engine_weight_version_info")
-    for e in snap.engines:
+    for position, e in enumerate(snap.engines, 1):
+        if position % ROWS_PER_STEP == 0:
+            yield
         engine = (e.engine,)
         b.add(up, engine, 1.0 if e.up else 0.0)
         if e.sleeping is not None:
@@ -222,13 +245,14 @@ def _fleet_rows(b: _Builder, snap: FleetSnapshot) -> None:
 
 def _counter_rows(
     b: _Builder, st: Stats, faults: ProtocolErrorTally, client_counters: ClientCounters
-) -> None:
+) -> Steps[None]:
     b.counter("vllm_dp_inconsistent_utility_results_total", _single(st.inconsistent_results))
     b.counter("vllm_dp_utility_calls_total", st.utility_calls)
-    b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
+    yield
+    yield from b.histograms("vllm_dp_utility_call_duration_seconds", st.call_durations)
     b.counter("vllm_dp_prefix_cache_resets_total", _single(st.resets))
     b.counter("vllm_dp_prefix_cache_reset_engine_failures_total", st.reset_engine_failures)
-    b.histograms("vllm_dp_prefix_cache_reset_duration_seconds", st.reset_durations)
+    yield from b.histograms("vllm_dp_prefix_cache_reset_duration_seconds", st.reset_durations)
     last_reset = b.family("vllm_dp_prefix_cache_last_success_timestamp_seconds")
     if st.last_reset_success_unix is not None:
         b.add(last_reset, (), st.last_reset_success_unix)
@@ -269,12 +293,17 @@ class ExporterCollector(Collector):
         self._client_counters = client_counters
 
     def families(self) -> list[Family]:
-        return build_families(
+        return run_steps(self.family_steps())
+
+    def family_steps(self) -> Steps[list[Family]]:
+        """``families`` in steps (``exporter.base.steps``): in-process mode builds them a
+        step per turn of vLLM's event loop."""
+        return family_steps(
             self._snapshot(),
             self._stats,
             self._faults,
-            model_name=self._model_name,
-            client_counters=self._client_counters(),
+            self._model_name,
+            self._client_counters(),
         )
 
     def collect(self) -> Iterator[Metric]:

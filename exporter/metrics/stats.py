@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -78,15 +78,20 @@ class Histogram:
         self.labels().observe(value)
 
     def rows(self) -> list[HistogramRow]:
-        out: list[HistogramRow] = []
+        return list(self.iter_rows())
+
+    def iter_rows(self) -> Iterator[HistogramRow]:
+        """``rows`` one label set at a time (the label sets as they are now; one forgotten
+        meanwhile is left out): a builder taking steps reads each when it gets to it."""
         for labels in sorted(self._children):
-            child = self._children[labels]
+            child = self._children.get(labels)
+            if child is None:
+                continue
             running, buckets = 0, []
             for le, count in zip(self._les, child.counts, strict=True):
                 running += count
                 buckets.append((le, float(running)))
-            out.append((labels, buckets, child.total))
-        return out
+            yield labels, buckets, child.total
 
 
 def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:

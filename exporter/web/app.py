@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.base.ports import url_host
+from exporter.base.steps import Steps, run_steps
 from exporter.config.settings import ServeConfig
 from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.control.runtime import Exporter
@@ -26,7 +27,7 @@ from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import engine_readiness, routable_document, status_json
+from exporter.web.statusdoc import engine_readiness, routable_document, status_steps
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -101,8 +102,13 @@ async def routable(request: web.Request) -> web.Response:
 
 def status_document(exporter: Exporter) -> dict[str, Any]:
     """The ``/status`` document (and the page's data) of ``exporter`` now."""
+    return run_steps(status_document_steps(exporter))
+
+
+def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
+    """``status_document`` in steps (``exporter.base.steps``): the plugin's ``/dp/status``."""
     poller = exporter.poller
-    return status_json(
+    return status_steps(
         poller.snapshot,
         exporter.config,
         exporter.stats,

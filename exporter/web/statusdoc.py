@@ -8,12 +8,14 @@ at any time).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from exporter import __version__
+from exporter.base.steps import Steps, run_steps
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
@@ -296,6 +298,10 @@ def history_json(history: FleetHistory | None, now: float) -> dict[str, Any]:
     }
 
 
+#: Engines per step of ``status_steps`` and ``json_steps``.
+ENGINES_PER_STEP = 32
+
+
 def status_json(
     snap: FleetSnapshot,
     config: ServeConfig,
@@ -305,7 +311,25 @@ def status_json(
     unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
 ) -> dict[str, Any]:
     """The whole document; without ``stats`` the counters are empty and last_action null."""
+    return run_steps(status_steps(snap, config, stats, history, now, unexpected))
+
+
+def status_steps(
+    snap: FleetSnapshot,
+    config: ServeConfig,
+    stats: Stats | None = None,
+    history: FleetHistory | None = None,
+    now: float | None = None,
+    unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
+) -> Steps[dict[str, Any]]:
+    """``status_json`` in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
+    the plugin builds it on vLLM's event loop."""
     now = time.time() if now is None else now
+    engines = []
+    for position, e in enumerate(snap.engines, 1):
+        if position % ENGINES_PER_STEP == 0:
+            yield
+        engines.append(engine_json(e, now, stats))
     unsupported: dict[str, list[str]] = {inv.method: [] for inv in INVARIANTS}
     for e in snap.engines:
         for method in sorted(e.unsupported):
@@ -334,8 +358,25 @@ def status_json(
         "fault_tolerance": fleet_fault_tolerance_json(snap),
         "last_membership_event": last_membership_json(snap),
         "unexpected_engines": unexpected_json(unexpected or {}),
-        "engines": [engine_json(e, now, stats) for e in snap.engines],
+        "engines": engines,
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),
         "history": history_json(history, now),
     }
+
+
+def json_steps(doc: Mapping[str, Any], key: str = "engines") -> Steps[bytes]:
+    """``json.dumps(doc)`` as bytes, the list under ``key`` written ``ENGINES_PER_STEP`` items
+    per step: the same text (``json.dumps``'s separators, keys in the document's order)."""
+    parts = []
+    for name, value in doc.items():
+        if name != key:
+            parts.append(f"{json.dumps(name)}: {json.dumps(value)}")
+            continue
+        items = []
+        for position, item in enumerate(value, 1):
+            if position % ENGINES_PER_STEP == 0:
+                yield
+            items.append(json.dumps(item))
+        parts.append(f"{json.dumps(name)}: [{', '.join(items)}]")
+    return ("{" + ", ".join(parts) + "}").encode()

@@ -54,6 +54,11 @@ log = logging.getLogger("exporter.inprocess")
 #: asks four methods at once: two polls, the gate and an admin action fit, then a hung engine
 #: is not asked more until it answers).
 MAX_IN_FLIGHT = 12
+#: Calls started per turn of vLLM's event loop: a fan-out to 256 engines is eight short
+#: stretches, not one long one (``make bench``: docs/benchmarks/plugin-loop.md).
+SEND_CHUNK = 32
+#: Outcomes read per turn of vLLM's event loop once a fan-out ended.
+READ_CHUNK = 64
 #: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
 FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
@@ -81,6 +86,11 @@ class InProcessFleetClient:
         self._in_flight: dict[str, int] = {}
         self._outstanding: set[asyncio.Task[Any]] = set()
         self._closed = False
+        #: engine label → what its detail was made of, and the detail (``engine_details``
+        #: runs twice a poll on vLLM's loop: 256 unchanged details are not built again).
+        self._details: dict[str, tuple[tuple[Any, ...], EngineDetail]] = {}
+        #: Everything the last details were made of, compared whole first.
+        self._whole: tuple[Any, ...] | None = None
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -92,24 +102,41 @@ class InProcessFleetClient:
         connected = not self.core.dead()
         where = f"in-process (vLLM client {self.core.client_index})"
         kv_events = self.core.kv_event_sources()
-        labels = [label for label, _ in self.core.engines()]
-        self._read_fault_statuses(labels)
+        engines = self.core.engines()  # the same list while vLLM's is unchanged
+        labels = [label for label, _ in engines]
+        ranks = [int(label) for label in labels]
+        self._read_fault_statuses(ranks)
         faults = self.pushes.fault_status
-        counts = self.core.request_counts([int(label) for label in labels]) or {}
-        return [
-            EngineDetail(
-                engine=label,
-                connected=connected,
-                address=where,
-                vllm_version=self.core.vllm_version,
-                enable_sleep_mode=self.core.enable_sleep_mode,
-                handshakes=1,
-                kv_events=kv_events.get(label),
-                fault_status=faults.get(label),
-                requests=counts.get(int(label)),
-            )
-            for label in labels
-        ]
+        counts = self.core.request_counts(ranks) or {}
+        # Nothing changed since the last read (the common case): the same details, compared
+        # in C (dicts of the same objects), not engine by engine.
+        whole = (connected, engines, kv_events, dict(faults), counts)
+        last = self._whole
+        if last is not None and last[1] is engines and last == whole:
+            return [detail for _, detail in self._details.values()]
+        self._whole = whole
+        kept, self._details = self._details, {}
+        details = []
+        for label in labels:
+            facts = (connected, kv_events.get(label), faults.get(label), counts.get(int(label)))
+            previous = kept.get(label)
+            if previous is not None and previous[0] == facts:
+                detail = previous[1]  # unchanged since the last read: not built again
+            else:
+                detail = EngineDetail(
+                    engine=label,
+                    connected=connected,
+                    address=where,
+                    vllm_version=self.core.vllm_version,
+                    enable_sleep_mode=self.core.enable_sleep_mode,
+                    handshakes=1,
+                    kv_events=facts[1],
+                    fault_status=facts[2],
+                    requests=facts[3],
+                )
+            self._details[label] = (facts, detail)
+            details.append(detail)
+        return details
 
     def connected_count(self) -> int:
         return 0 if self.core.dead() else len(self.core.engines())
@@ -129,14 +156,13 @@ class InProcessFleetClient:
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return {}
 
-    def _read_fault_statuses(self, labels: list[str]) -> None:
+    def _read_fault_statuses(self, ranks: list[int]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this
         client manages (dict lookups): a rank without an entry is forgotten, an unreadable
         entry is ``unknown`` and counted."""
-        ranks = [int(label) for label in labels]
         statuses = self.core.fault_statuses(ranks)
-        if statuses is None:
-            return
+        if statuses is None or (not statuses and not self.pushes.fault_status):
+            return  # no table, or nothing in it and nothing to forget
         for rank in ranks:
             found = statuses.get(rank)
             if found is None:
@@ -185,7 +211,12 @@ class InProcessFleetClient:
         def finish(task: asyncio.Task[Any]) -> None:
             finished[task] = time.perf_counter()
 
-        for label, identity in targets:
+        for position, (label, identity) in enumerate(targets, 1):
+            if position % SEND_CHUNK == 0:
+                await asyncio.sleep(0)  # vLLM's loop serves its streams between the chunks
+            if self._closed:  # closed meanwhile: the rest is not sent
+                results[label] = stopping(label)
+                continue
             waiting = self._in_flight.get(label, 0)
             if waiting >= self._max_in_flight:
                 results[label] = EngineOutcome(
@@ -201,7 +232,9 @@ class InProcessFleetClient:
         if calls:
             done, _ = await asyncio.wait(calls, timeout=timeout_s)
             now = time.perf_counter()
-            for task, label in calls.items():
+            for position, (task, label) in enumerate(calls.items(), 1):
+                if position % READ_CHUNK == 0:
+                    await asyncio.sleep(0)
                 if task in done:
                     results[label] = self._outcome(label, task, finished.get(task, now) - started)
                 else:  # left running: vLLM's future is removed only by the reply

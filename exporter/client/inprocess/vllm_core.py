@@ -105,13 +105,32 @@ class VllmCore:
     #: step (``after_fleet_call``). None: nothing to keep (a bare engine-core client).
     front_end: Any = field(default=None, repr=False)
 
+    #: The last ``core_engines`` seen and the engines made of it (``engines``).
+    _engines_of: tuple[tuple[Any, ...], list[tuple[str, bytes]]] = field(
+        default=((), []), init=False, repr=False
+    )
+    #: DP rank → (vLLM's config object, what it was read as) (``kv_event_sources``).
+    _kv_read: dict[int, tuple[Any, KvEventsSource | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    #: The last ``get_kv_event_sources`` items and what ``kv_event_sources`` made of them.
+    _kv_items: list[tuple[Any, Any]] = field(default_factory=list, init=False, repr=False)
+    _kv_found: dict[str, KvEventsSource] = field(default_factory=dict, init=False, repr=False)
+
     def __post_init__(self) -> None:
         check_core(self.core)
 
     def engines(self) -> list[tuple[str, bytes]]:
-        """(label, identity) of every engine this client manages, in rank order."""
-        identities: Sequence[bytes] = list(self.core.core_engines)
-        return sorted(((str(rank_of(i)), bytes(i)) for i in identities), key=_rank_key)
+        """(label, identity) of every engine this client manages, in rank order: read afresh
+        on every call (elastic EP changes the list), built again only when it changed (a
+        poll at 256 engines asks it once per fan-out; on vLLM's loop)."""
+        identities = tuple(self.core.core_engines)
+        seen, engines = self._engines_of
+        if identities != seen:
+            engines = sorted(((str(rank_of(i)), bytes(i)) for i in identities), key=_rank_key)
+            self._engines_of = (identities, engines)
+        return engines
 
     def dead(self) -> bool:
         return bool(self.core.resources.engine_dead)
@@ -133,22 +152,21 @@ class VllmCore:
         except Exception:  # another vLLM's shape: nothing to report, never an error in vLLM
             log.debug("get_kv_event_sources() failed", exc_info=True)
             return {}
+        if items == self._kv_items:  # the same configs as last time (compared in C)
+            return dict(self._kv_found)
         found = {}
+        read: dict[int, tuple[Any, KvEventsSource | None]] = {}
         for rank, config in items:
             if type(rank) is not int:
                 continue
-            fields = (
-                config
-                if isinstance(config, Mapping) or config is None
-                else {name: getattr(config, name, None) for name in KV_EVENTS_FIELDS}
-            )
-            try:
-                source = parse_kv_events_config(fields)
-            except ProtocolError as exc:
-                log.debug("engine %d kv_events_config: %s", rank, exc)
-                continue
+            kept = self._kv_read.get(rank)
+            # vLLM keeps each engine's config object from its registration: read once.
+            source = kept[1] if kept is not None and kept[0] is config else _kv_source(rank, config)
+            read[rank] = (config, source)
             if source is not None:
                 found[str(rank)] = source
+        self._kv_read = read
+        self._kv_items, self._kv_found = items, dict(found)
         return found
 
     def keeps_fault_status(self) -> bool:
@@ -225,6 +243,21 @@ class VllmCore:
                 logger_manager.record_sleep_state(1, args[0] if args else 1)
             elif method == "wake_up" and all(v is True for v in values):
                 logger_manager.record_sleep_state(0, 0)
+
+
+def _kv_source(rank: int, config: Any) -> KvEventsSource | None:
+    """One engine's registered ``KVEventsConfig`` (or a mapping of its fields) as a source;
+    None when it publishes nothing or its config cannot be read."""
+    fields = (
+        config
+        if isinstance(config, Mapping) or config is None
+        else {name: getattr(config, name, None) for name in KV_EVENTS_FIELDS}
+    )
+    try:
+        return parse_kv_events_config(fields)
+    except ProtocolError as exc:
+        log.debug("engine %d kv_events_config: %s", rank, exc)
+        return None
 
 
 def _rank_key(entry: tuple[str, bytes]) -> int:

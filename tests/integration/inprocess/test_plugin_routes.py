@@ -123,10 +123,11 @@ async def test_a_failing_render_of_ours_never_costs_vllm_its_metrics(
 ) -> None:
     app = await plugin_apps(2)
 
-    def broken(own: Any) -> Any:
-        raise ValueError("a bug in the merge")
+    def broken() -> Any:
+        raise ValueError("a bug in the series")
 
-    monkeypatch.setattr(app.runtime, "merge", broken)
+    assert app.runtime.exporter is not None
+    monkeypatch.setattr(app.runtime.exporter.collector, "family_steps", broken)
     with caplog.at_level(logging.ERROR, logger="exporter.inprocess"):
         text = await app.metrics()
     assert f"{VLLM_MARKER} 42.0" in text.splitlines()

@@ -1,0 +1,41 @@
+"""Work written once as a generator of steps, run either at once or a step per loop turn.
+
+A generator that ``yield``s between bounded pieces of work and ``return``s its result is run
+to completion by ``run_steps`` (a plain call: the service's render, tests) or by
+``run_steps_async``, which gives the event loop one turn after each piece. In-process mode
+shares vLLM's event loop, which streams every token: a render of 256 engines' series must not
+hold it for tens of milliseconds (docs/benchmarks/plugin-loop.md). Both run the same code, so
+the result cannot differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: A generator of steps: yields None between pieces of work, returns its result.
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """Every step at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+
+async def run_steps_async(steps: Steps[T]) -> T:
+    """One step per turn of the running event loop."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        await asyncio.sleep(0)
