@@ -395,7 +395,8 @@ def section(r: Result) -> list[str]:
     ]
     if polls:
         lines.append(
-            f"- one poll (3 utility calls to each of 2 engines, from API server 0), wall time "
+            "- one poll (4 utility calls to each of 2 engines: is_sleeping, is_scheduler_paused, "
+            "get_weight_version, has_work, from API server 0), wall time "
             f"under load, sampled every {SAMPLE_EVERY_S:g} s: "
             f"{_spread([p * 1000 for p in polls])} ms"
         )
