@@ -27,6 +27,7 @@ raise ``_BadQuery`` (vLLM's 400 validation envelope); engine failures raise ``_E
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,6 +44,7 @@ from exporter.sim.api_wire import (
     _json_body,
     _query_bool,
     _query_mode,
+    _RustFrontEndError,
     metrics_text,
 )
 from exporter.sim.options import ApiServerOptions, SimOptions
@@ -115,6 +117,11 @@ class ApiRoutes:
         """``call_utility_consensus_async``: every engine must return the same value."""
         results = await self._call_all(method)
         if any(r != results[0] for r in results[1:]):
+            if self.options.rust_front_end is not None:
+                raise _RustFrontEndError(
+                    f"failed to call {method}: utility call `{method}` returned inconsistent "
+                    f"results across engines: {json.dumps(results)}"
+                )
             raise _EngineError(f"Engines returned different {method} results: {results!r}")
         return results[0]
 
@@ -220,6 +227,8 @@ class ApiRoutes:
     async def _is_paused(self, request: web.Request) -> web.Response:
         try:
             paused = await self._consensus("is_scheduler_paused")
+        except _RustFrontEndError:
+            raise  # the Rust front end's own envelope, as on every route
         except _EngineError as exc:
             return _json({"error": f"Failed to fetch pause status: {exc}"}, status=500)
         return _json({"is_paused": paused})

@@ -176,9 +176,14 @@ class SimApiServer(ApiRoutes):
             return await self._internal_error(request, str(exc))
 
     async def _internal_error(self, request: web.Request, message: str) -> web.StreamResponse:
-        envelope = {
-            "error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}
-        }
+        rust = self.options.rust_front_end
+        # vLLM's Rust front end 0.32 types its 500s "server_error"; 0.33 as the Python server.
+        kind = (
+            "server_error"
+            if rust is not None and rust.startswith("0.32")
+            else "InternalServerError"
+        )
+        envelope = {"error": {"message": message, "type": kind, "param": None, "code": 500}}
         resp = _json(envelope, status=500)
         if not self.options.close_after_500:
             return resp

@@ -37,6 +37,10 @@ class _EngineError(Exception):
     """One engine's utility call raised (vLLM: "Call to <method> method failed: <text>")."""
 
 
+class _RustFrontEndError(_EngineError):
+    """vLLM's Rust front end failed a call (its 500 envelope, ``type`` by release)."""
+
+
 class _HttpError(Exception):
     """A FastAPI ``HTTPException`` raised by a route (vLLM's error envelope, connection kept)."""
 

@@ -122,6 +122,11 @@ class ApiServerOptions:
     #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
     #: (every rank healthy until ``SimApiServer.set_fault_status``).
     fault_tolerance: bool = False
+    #: vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``) of this release answers instead of
+    #: the Python API server: its consensus error (``utility call `m` returned inconsistent
+    #: results across engines: [JSON values]``, under ``failed to call m: ``) comes in its own
+    #: 500 envelope on every route, ``/is_paused`` and ``/weight_info`` included.
+    rust_front_end: str | None = None
     #: vLLM's stat logging: ``GET /metrics`` carries ``vllm:num_requests_running`` and
     #: ``vllm:num_requests_waiting`` per engine; False is ``--disable-log-stats`` (neither).
     log_stats: bool = True

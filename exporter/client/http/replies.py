@@ -66,6 +66,12 @@ DEV_MODE_METHODS = frozenset({"is_sleeping", "reset_prefix_cache"})
 _INCONSISTENT = re.compile(
     r"(?:^|: )Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL
 )
+#: vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``, 0.32 and 0.33): "failed to call m:
+#: utility call `m` returned inconsistent results across engines: [false, true]", values JSON.
+_RUST_INCONSISTENT = re.compile(
+    r"(?:^|: )utility call `(\w+)` returned inconsistent results across engines: (\[.*\])\s*$",
+    re.DOTALL,
+)
 _RANK_PREFIX = re.compile(r"^(?:(?:dp|pp|pcp|tp|ep)\d+:)+")
 #: Values of one inconsistent answer kept (one per engine of that API server); the rest are
 #: summed up in one last marker value.
@@ -92,12 +98,18 @@ def _error_message(body: bytes) -> str | None:
 
 def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
     """The values of vLLM's "Engines returned different <method> results: [...]" message
-    (also behind a route's own prefix, "Failed to fetch pause status: Engines ...")."""
-    m = _INCONSISTENT.search(message.strip())
+    (also behind a route's own prefix, "Failed to fetch pause status: Engines ..."), or of
+    its Rust front end's "utility call `<method>` returned inconsistent results across
+    engines: [...]" (the values as JSON)."""
+    text = message.strip()
+    m = _INCONSISTENT.search(text)
+    rust = m is None
+    if rust:
+        m = _RUST_INCONSISTENT.search(text)
     if m is None or m.group(1) != method:
         return None
     try:
-        values = ast.literal_eval(m.group(2))
+        values = json.loads(m.group(2)) if rust else ast.literal_eval(m.group(2))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     if not isinstance(values, list):

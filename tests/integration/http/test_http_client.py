@@ -362,3 +362,29 @@ def test_interpret_reset() -> None:
     assert interpret("t", "reset_prefix_cache", 200, b'{"success":false}', None).value is False
     o = interpret("t", "reset_prefix_cache", 200, b"null", None)
     assert o.outcome is Outcome.FAILED and o.error == NO_SUCCESS_FIELD
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+async def test_the_rust_front_ends_consensus_error_is_inconsistent_not_failed(
+    start_api: StartApi, clients: list[HttpFleetClient], release: str
+) -> None:
+    """vLLM's Rust front end answers a disagreement with its own 500 (issue 34): read as the
+    inconsistency it is, with every engine's value, on each consensus route."""
+    a = await start_api(
+        engines=2,
+        rust_front_end=release,
+        engine_options=[SimOptions(), SimOptions(sleeping=True, paused=True)],
+    )
+    client = await client_for(clients, [a.url])
+    [sleeping] = await client.call_utility("is_sleeping", timeout_s=2)
+    assert sleeping.outcome is Outcome.INCONSISTENT, sleeping
+    assert sleeping.values == (False, True)
+    assert sleeping.error == (
+        "failed to call is_sleeping: utility call `is_sleeping` returned inconsistent results "
+        "across engines: [false, true]"
+    )
+    [paused] = await client.call_utility("is_scheduler_paused", timeout_s=2)
+    assert paused.outcome is Outcome.INCONSISTENT and paused.values == (False, True), paused
+    verdict = aggregate_consensus("is_sleeping", [sleeping])
+    assert verdict.state is FleetState.INCONSISTENT
+    assert client.engine_details()[0].connected  # a 500 is an answer
