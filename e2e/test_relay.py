@@ -20,7 +20,9 @@ import zmq
 
 from e2e import web
 from e2e.activity import (
+    LONG_ACTIVITY_TOKENS,
     ActivityLog,
+    activities,
     generation_is_work_then_drains,
     pause_wait_during_generation,
 )
@@ -413,22 +415,28 @@ def front_end_generated(api: str) -> dict[str, float]:
 def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
     relay: RelayDeployment,
 ) -> None:
-    """One long streamed generation: the rank whose tokens the front end's own counter counts has
-    work (``/status`` activity, ``vllm_dp_engine_has_work`` 1, and ``running`` ≥ 1: the relay
-    follows the DP coordinator's publication to the front end), the other is drained;
-    ``/gate?drained=true`` 412 naming that rank alone, with its counts; 200 again within 60 s
-    of the stream's end (e2e/activity.py)."""
+    """One long streamed generation: the rank the exporter shows with work (``/status``
+    activity, ``vllm_dp_engine_has_work`` 1, and ``running`` ≥ 1: the relay follows the DP
+    coordinator's publication to the front end) is the rank whose tokens the front end's own
+    counter counted (checked after the stream: that /metrics can take seconds to answer while
+    vLLM streams), the other is drained; ``/gate?drained=true`` 412 naming that rank alone,
+    with its counts; 200 again within 60 s of the stream's end (e2e/activity.py)."""
 
     before = front_end_generated(relay.api_url)
 
     def busy_rank() -> str | None:
-        grew = [e for e, n in front_end_generated(relay.api_url).items() if n > before.get(e, 0)]
-        return grew[0] if len(grew) == 1 else None
+        acts = activities(relay.exporter.status())
+        running = [e for e, a in acts.items() if a["has_work"] and (a["running"] or 0) >= 1]
+        return running[0] if len(running) == 1 else None
 
     with ActivityLog(relay.exporter.status) as log:
         seen = generation_is_work_then_drains(
             relay.exporter, relay.api_url, busy_rank, counts_known=True, log=log
         )
+    after = front_end_generated(relay.api_url)
+    grew = {e: after.get(e, 0.0) - before.get(e, 0.0) for e in after}
+    assert grew[seen.busy] >= LONG_ACTIVITY_TOKENS, (seen.busy, grew)
+    assert all(n < LONG_ACTIVITY_TOKENS for e, n in grew.items() if e != seen.busy), grew
     print(
         f"scenario 12a (relay): rank {seen.busy} busy, seen +{seen.seen_after_s:.1f}s after "
         f"the request; {seen.generation.timeline(log.since)}; gate 200 "
