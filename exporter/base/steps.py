@@ -22,20 +22,20 @@ Steps = Generator[None, None, T]
 
 def run_steps(steps: Steps[T]) -> T:
     """Every step at once."""
-    while True:
-        try:
+    try:
+        while True:
             next(steps)
-        except StopIteration as done:
-            result: T = done.value
-            return result
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 async def run_steps_async(steps: Steps[T]) -> T:
     """One step per turn of the running event loop."""
-    while True:
-        try:
+    try:
+        while True:
             next(steps)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        await asyncio.sleep(0)
+            await asyncio.sleep(0)
+    except StopIteration as done:
+        result: T = done.value
+        return result

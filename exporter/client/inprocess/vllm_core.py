@@ -149,10 +149,12 @@ class VllmCore:
             return {}
         try:
             items = list(getter().items())[:MAX_KV_EVENT_SOURCES]
+            # The same configs as last time (compared in C; a config's own __eq__ may raise).
+            unchanged = items == self._kv_items
         except Exception:  # another vLLM's shape: nothing to report, never an error in vLLM
             log.debug("get_kv_event_sources() failed", exc_info=True)
             return {}
-        if items == self._kv_items:  # the same configs as last time (compared in C)
+        if unchanged:
             return dict(self._kv_found)
         found = {}
         read: dict[int, tuple[Any, KvEventsSource | None]] = {}

@@ -258,3 +258,21 @@ async def test_a_close_during_the_fan_out_starts_no_further_call() -> None:
     not_sent = [o for o in outcomes if int(o.engine) not in started]
     assert not_sent and all(o.outcome is Outcome.DISCONNECTED for o in not_sent), not_sent
     assert all("stopping" in (o.error or "") for o in not_sent), not_sent[0]
+
+
+def test_a_config_whose_comparison_raises_reads_as_no_sources() -> None:
+    """vLLM's config objects are compared with the last ones: one whose ``__eq__`` raises is
+    another vLLM's shape, nothing to report, never an error on vLLM's loop."""
+
+    class Hostile:
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparing me")
+
+        __hash__ = object.__hash__
+
+    core = FakeCore([0])
+    vllm = VllmCore(core)
+    core.kv_configs = {0: Hostile()}
+    vllm.kv_event_sources()  # the first read: nothing to compare with yet
+    core.kv_configs = {0: Hostile()}
+    assert vllm.kv_event_sources() == {}
