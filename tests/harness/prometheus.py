@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,11 @@ def http_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-def wait_for(check: Any, timeout_s: float, what: str) -> Any:
+def wait_for(
+    check: Any, timeout_s: float, what: str, explain: Callable[[], str] | None = None
+) -> Any:
+    """Poll ``check`` until it returns something true; on timeout fail with the last answer and
+    what ``explain`` tells about the system under test then (its own state, its log)."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -46,7 +51,8 @@ def wait_for(check: Any, timeout_s: float, what: str) -> Any:
         except OSError as exc:
             last = exc
         time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; last: {last!r}")
+    detail = f"\n{explain()}" if explain is not None else ""
+    pytest.fail(f"timed out waiting for {what}; last: {last!r}{detail}")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -84,7 +84,6 @@ class RecordingSimEngine(SimEngine):
         return [args for m, args in self.received if m == method]
 
 
-
 async def fresh_poll(poller: Poller, timeout_s: float = WAIT_S) -> None:
     """Ask ``poller`` for polls now (whatever the interval) and wait for one that started after
     this call: a poll may be running already, so two more completed polls guarantee it."""
@@ -93,6 +92,7 @@ async def fresh_poll(poller: Poller, timeout_s: float = WAIT_S) -> None:
     await poller.wait_for_poll(after, timeout_s)
     poller.poll_soon()
     await poller.wait_for_poll(after + 1, timeout_s)
+
 
 @dataclass
 class Service:

@@ -153,11 +153,15 @@ WEIGHT_UPDATE_EVERY = 4
 
 
 async def _status_of(call: Awaitable[ActionResult]) -> int | None:
-    """The HTTP status an action was answered with (None when the exporter did not answer)."""
+    """The HTTP status an action was answered with (None when the exporter did not answer, or
+    the client failed: the demo's trainer logs it and goes on, its panels must not go flat)."""
     try:
         return (await call).status
     except RemoteError as exc:
         return exc.status
+    except Exception as exc:  # the loop outlives any one failed call
+        log.warning("demo trainer: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 async def reset_loop(admin_url: str, every_s: float, token: str | None = None) -> None:

@@ -17,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,8 +57,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     http_port, http_admin = free_listen_port(), free_listen_port()
     rules_module = render_rules()
     short_rules: str = rules_module.rules_with_for(rules_module.read_rules(), "0s")
-    demo = start_demo("owner", 3, port, admin)
-    http_demo = start_demo("http", 2, http_port, http_admin)
+    demo = start_demo("owner", 3, port, admin, tmp / "owner-demo.log")
+    http_demo = start_demo("http", 2, http_port, http_admin, tmp / "http-demo.log")
     (tmp / "rules.yml").write_text(short_rules)
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\n"
@@ -73,6 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             "owner": f'instance="127.0.0.1:{port}"',  # the owner-mode demo's series
             "prometheus": f"http://127.0.0.1:{prom_port}",
             "started": str(time.time()),
+            "owner_log": str(tmp / "owner-demo.log"),
         }
         wait_for(
             lambda: len(query(urls, f"vllm_dp_engine_up{{{urls['owner']}}} == 1")) == 3,
@@ -91,36 +93,54 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         stop(http_demo)
 
 
-def start_demo(attach: str, engines: int, port: int, admin: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "--log-level",
-            "warning",
-            "demo",
-            "--attach",
-            attach,
-            "--engines",
-            str(engines),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin-listen",
-            f"127.0.0.1:{admin}",
-            "--poll-interval",
-            "0.5",
-            "--call-timeout",
-            "2",
-            "--story-period",
-            "16",
-            "--reset-every",
-            "1",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def start_demo(
+    attach: str, engines: int, port: int, admin: int, log: Path
+) -> subprocess.Popen[bytes]:
+    """The demo at warning level, its output in ``log`` (what a failed wait shows)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--log-level",
+                "warning",
+                "demo",
+                "--attach",
+                attach,
+                "--engines",
+                str(engines),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{admin}",
+                "--poll-interval",
+                "0.5",
+                "--call-timeout",
+                "2",
+                "--story-period",
+                "16",
+                "--reset-every",
+                "1",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def owner_evidence(urls: dict[str, str]) -> str:
+    """The owner-mode demo's own reset series and the end of its log (why a wait failed)."""
+    try:
+        with urllib.request.urlopen(f"{urls['exporter']}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        series = "\n".join(
+            line for line in text.splitlines() if line.startswith("vllm_dp_prefix_cache_")
+        )
+    except OSError as exc:
+        series = f"/metrics: {exc!r}"
+    tail = Path(urls["owner_log"]).read_text(errors="replace")[-3000:]
+    return f"the demo's reset series:\n{series}\nits log ends:\n{tail}"
 
 
 def query(urls: dict[str, str], expr: str) -> list[Any]:
@@ -192,8 +212,9 @@ def test_every_dashboard_query_returns_data(stack: dict[str, str]) -> None:
     # sleeps through part of the other half, so a short run may have seen none.
     wait_for(
         lambda: query(stack, f"vllm_dp_prefix_cache_last_success_timestamp_seconds{{{owner}}} > 0"),
-        45,
+        60,
         "a reset confirmed by every engine",
+        lambda: owner_evidence(stack),
     )
     # The per-action failure series appears with its first failure (no zero before it): wait
     # until Prometheus has two samples of it, as increase() needs.
