@@ -28,6 +28,7 @@ from exporter.metrics.catalog import (  # noqa: E402
     RESET_FAILURE_REASONS,
     RESET_OUTCOMES,
 )
+from exporter.protocol.elastic_ep import ELASTIC_EP_PHASES  # noqa: E402
 
 ALL_MODES = ("owner", "relay", "http", "inprocess")
 
@@ -67,6 +68,7 @@ FOOTER = f"""
 {", ".join(f"`{s}`" for s in RESET_FAILURE_REASONS)} |
 | `vllm_dp_state_file_writes_total{{outcome}}` | \
 {", ".join(f"`{s}`" for s in STATE_FILE_OUTCOMES)} |
+| `vllm_dp_elastic_ep_operation{{phase}}` | {", ".join(f"`{s}`" for s in ELASTIC_EP_PHASES)} |
 
 Note that vLLM's `is_sleeping` is also true while an engine's scheduler is merely paused; the
 `paused` engine state tells the two apart.
@@ -80,7 +82,26 @@ Note that vLLM's `is_sleeping` is also true while an engine's scheduler is merel
   [admin.md](admin.md#per-engine-reset-times-and-kv-events-endpoints)
 - RL invariants, admin actions and weight checksums: [rl.md](rl.md)
 - relay handshakes and the state file: [deployment-relay.md](deployment-relay.md)
+- elastic-EP operations (below), per attach mode:
+  [deployment-http.md](deployment-http.md#elastic-ep-operations),
+  [inprocess.md](inprocess.md#elastic-ep-operations)
 - the alerts on these series: [runbooks.md](runbooks.md)
+
+## Elastic-EP operations
+
+`vllm_dp_elastic_ep_operation{{target, phase}}` is what each API server last said of an
+elastic-EP operation on vLLM's `POST /is_scaling_elastic_ep` (the `target` label is the HTTP
+target's name; in-process mode, `local`: vLLM's own answer in its process). vLLM 0.33 reports
+the operation's phase (`preparing` and `committing`: serving paused; `completed`; `failed`,
+with its error in `/status`), its epoch (`vllm_dp_elastic_ep_epoch`, only when it is a whole
+number: vLLM's own epochs are UUIDs, in `/status`) and the data-parallel size it asked for
+(`vllm_dp_elastic_ep_requested_data_parallel_size`); vLLM 0.32 says only whether it is
+scaling (`committing`, else `idle`). A phase this exporter does not know is `other`. The
+series are absent for a server whose answer could not be read this time (a 503 from vLLM's
+shared store, an unreadable answer, no answer: `/status` `elastic_ep_operations[].problem`)
+and for one without the route (vLLM's Rust front end: 404 or 501). Owner and relay mode have no
+API server to ask: no series, `elastic_ep_operations: null`. Alert:
+[VllmDpElasticEpOperationFailed](runbooks.md#vllmdpelasticepoperationfailed).
 
 ## The exporter's own resources
 

@@ -24,6 +24,7 @@ from exporter.client.fleet import (
     check_allowed,
     stopping,
 )
+from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.strings import bound_text, bound_value
 
@@ -50,6 +51,8 @@ class FakeFleet:
     kv_events: dict[str, KvEventsSource] = field(default_factory=dict)
     #: Engine → ``enable_sleep_mode`` as registered (absent: True).
     sleep_mode: dict[str, bool | None] = field(default_factory=dict)
+    #: What each API server said of its elastic-EP operation (None: a mode without one).
+    elastic_ep: tuple[ElasticEpRead, ...] | None = None
     #: Every call made, in order: (engine, method, args).
     calls: list[tuple[str, str, tuple[Any, ...]]] = field(default_factory=list)
     started: bool = False
@@ -87,6 +90,12 @@ class FakeFleet:
 
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return {}
+
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        """``elastic_ep`` is what a test set."""
+
+    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
+        return self.elastic_ep
 
     async def start(self) -> None:
         self.started, self.closed = True, False

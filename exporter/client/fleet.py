@@ -16,6 +16,9 @@ import msgspec
 
 from exporter.error import MethodNotAllowed
 from exporter.protocol.activity import RequestCounts
+from exporter.protocol.elastic_ep import ELASTIC_EP_PHASES as ELASTIC_EP_PHASES  # layers above
+from exporter.protocol.elastic_ep import ElasticEpOperation as ElasticEpOperation  # layers above
+from exporter.protocol.elastic_ep import ElasticEpRead as ElasticEpRead  # for the layers above
 from exporter.protocol.handshake import REGISTRATION_FACTS
 from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.pushes import FaultStatus, MembershipEvent
@@ -103,6 +106,11 @@ def timed_out(engine: str, timeout_s: float) -> EngineOutcome:
     )
 
 
+#: ``EngineDetail.front_end`` values: vLLM's Python API server (or its Python client in a
+#: trainer's process), its Rust front end.
+PYTHON_FRONT_END, RUST_FRONT_END = "python", "rust"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineDetail:
     """What the status page shows about one engine beside its poll results."""
@@ -111,6 +119,11 @@ class EngineDetail:
     connected: bool
     address: str
     vllm_version: str | None = None
+    #: The API server it is read through (HTTP and in-process mode): ``python`` (vLLM's
+    #: Python API server) or ``rust`` (``VLLM_USE_RUST_FRONTEND=1``), with the Rust front
+    #: end's own version from ``GET /version``; None: not known, or no front end in the way.
+    front_end: str | None = None
+    rust_frontend_version: str | None = None
     enable_sleep_mode: bool | None = None
     handshakes: int = 0
     #: The engine's KV-events publisher from its registration (owner, relay and in-process
@@ -168,6 +181,17 @@ class FleetClient(Protocol):
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         """Engines outside the expected set that tried to join (identity → DP rank,
         handshakes, last seen), newest last; empty where the mode has no handshake."""
+        ...
+
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        """Start reading each API server's elastic-EP operation (one read at a time each,
+        within ``timeout_s``), not awaited: ``elastic_ep_operations`` shows it once it came.
+        Nothing where the mode has no API server to ask."""
+        ...
+
+    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
+        """What each API server (target) last said of its elastic-EP operation, in target
+        order; None where the mode has no API server to ask (owner, relay)."""
         ...
 
     @property

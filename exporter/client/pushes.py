@@ -5,9 +5,10 @@ Owner mode receives the pushes itself (the exporter is client 0); in-process and
 learn the same statuses from vLLM's front end and record them here too, so every mode shows
 one thing the same way. A status is kept until the engine's next handshake (a restarted
 engine starts healthy and pushes only on change), across an exporter restart too (owner mode's
-state file). A status that cannot be read is recorded as ``unknown`` and counted as
-``bad_push`` (``bad_fault_tolerance_status`` where read from the front end): never healthy,
-never dropped.
+state file). A status that cannot be read (no map, no string) is recorded as ``unknown`` and
+counted as ``bad_push`` (``bad_fault_tolerance_status`` where read from the front end): never
+healthy, never dropped. A status string this exporter does not know is readable: ``other``,
+not counted (``exporter.protocol.pushes.read_rank_status``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from exporter.client.fleet import (
 )
 from exporter.fleetstate.invariants import BY_METHOD, is_unsupported, require_type
 from exporter.metrics.stats import Stats
+from exporter.protocol.elastic_ep import ElasticEpRead
 
 
 def countable(method: str, outcomes: list[EngineOutcome]) -> list[EngineOutcome]:
@@ -61,6 +62,12 @@ class CountedFleet:
 
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return self.inner.unexpected_engines()
+
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        self.inner.refresh_elastic_ep(timeout_s)
+
+    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
+        return self.inner.elastic_ep_operations()
 
     async def start(self) -> None:
         await self.inner.start()

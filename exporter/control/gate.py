@@ -1,8 +1,8 @@
 """``GET /gate``: the safe-to-resume check an RL loop runs before it resumes traffic.
 
 Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
-``paused=true|false``, ``healthy=true|false``: no rank reports an unhealthy, dead or unknown
-fault-tolerance status; ``drained=true|false``: every rank answered ``has_work`` false and no
+``paused=true|false``, ``healthy=true|false``: no rank reports a fault-tolerance status but
+``healthy``; ``drained=true|false``: every rank answered ``has_work`` false and no
 published request count says otherwise). The gate runs a **fresh** fan-out (never the cached
 poll), shared by concurrent callers and at most one every ``min_interval_s``; ``evaluate`` is
 the pure verdict over that sample: 200 when every expected engine answered and meets every

@@ -90,6 +90,7 @@ class Poller:
                 client.connected_count(),
                 client.capabilities.fault_status,
                 client.capabilities.request_counts,
+                client.elastic_ep_operations(),
             )
         return self._snapshot
 
@@ -145,6 +146,8 @@ class Poller:
         """
         started = time.perf_counter()
         client = self._client
+        # Beside the reads, never on their path: shown once it came (this poll or the next).
+        client.refresh_elastic_ep(self.call_timeout_s)
         details = {d.engine: d for d in client.engine_details()}
         self._forget_gone(details.keys())
         read = await self.reader.read(ALL_METHODS, self.call_timeout_s, details)
@@ -259,6 +262,7 @@ class Poller:
             poll_number=previous + 1,
             fault_tolerance_known=self._client.capabilities.fault_status,
             request_counts_known=self._client.capabilities.request_counts,
+            elastic_ep=self._client.elastic_ep_operations(),
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:

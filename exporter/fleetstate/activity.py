@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.client.fleet import Outcome
 from exporter.fleetstate.snapshot import EngineSnapshot
 
 #: The automatic ``--hung-after`` (0): this many poll intervals without an answer.
@@ -41,7 +42,10 @@ def routability(engine: EngineSnapshot) -> Routability:
     if engine.hung:
         reasons.append(f"hung: no answer for {engine.unresponsive_s:.0f} s")
     sleeping = engine.sleeping_outcome
-    if sleeping is None or not sleeping.ok:
+    if sleeping is not None and sleeping.outcome is Outcome.INCONSISTENT:
+        # An HTTP target answered, but its own ranks disagree: some may be asleep or paused.
+        reasons.append("its ranks disagree (inconsistent)")
+    elif sleeping is None or not sleeping.ok:
         why = sleeping.outcome.value if sleeping is not None else "not asked"
         reasons.append(f"no answer in the last poll ({why})")
     elif engine.state in ("paused", "asleep"):  # as the state reads (paused wins, as vLLM's)

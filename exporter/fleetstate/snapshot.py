@@ -17,6 +17,7 @@ from exporter.fleetstate.invariants import (
     Invariant,
 )
 from exporter.protocol.activity import RequestCounts
+from exporter.protocol.elastic_ep import ElasticEpRead
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,9 @@ class FleetSnapshot:
     #: Whether this attach mode learns each rank's request counts (owner mode cannot: no
     #: request flows through it, no coordinator publishes to it).
     request_counts_known: bool = True
+    #: Each API server's elastic-EP operation as last read, in target order (HTTP and
+    #: in-process mode); None where the attach mode has no API server to ask.
+    elastic_ep: tuple[ElasticEpRead, ...] | None = None
 
     def verdict(self, invariant: Invariant) -> ConsensusVerdict:
         return self.verdicts.get(invariant.method) or _unknown(invariant.method)
@@ -146,7 +150,7 @@ class FleetSnapshot:
 
     @property
     def faulty(self) -> tuple[str, ...]:
-        """Engines whose last fault-tolerance status is unhealthy, dead or unknown; the fleet
+        """Engines whose last fault-tolerance status is anything but healthy; the fleet
         is healthy without any (an engine that never reported counts as healthy: vLLM pushes
         changes)."""
         return tuple(
@@ -169,6 +173,7 @@ def empty_snapshot(
     connected: int,
     fault_tolerance_known: bool = True,
     request_counts_known: bool = True,
+    elastic_ep: tuple[ElasticEpRead, ...] | None = None,
 ) -> FleetSnapshot:
     """The snapshot before the first poll: every engine unknown."""
     return FleetSnapshot(
@@ -181,4 +186,5 @@ def empty_snapshot(
         poll_number=0,
         fault_tolerance_known=fault_tolerance_known,
         request_counts_known=request_counts_known,
+        elastic_ep=elastic_ep,
     )

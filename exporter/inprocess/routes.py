@@ -40,7 +40,8 @@ from exporter.web.app import (
     status_document_steps,
 )
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import json_steps, routable_document
+from exporter.web.routabledoc import routable_document
+from exporter.web.statusdoc import json_steps
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import sys
 from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,20 @@ def check_loop(engine_client: Any) -> None:
         )
 
 
+#: vLLM's API server middleware, which keeps the process-local elastic-EP flag.
+SCALING_MODULE = "vllm.entrypoints.serve.elastic_ep.middleware"
+
+
+def scaling_flag() -> bool:
+    """vLLM's process-local elastic-EP flag (``get_scaling_elastic_ep``), what its route
+    answers without external elastic EP. Read from the module only where this process loaded
+    it (vLLM's API server does): the flag is set only through that module, so a process that
+    never loaded it is not scaling, and nothing is imported on vLLM's event loop."""
+    module = sys.modules.get(SCALING_MODULE)
+    getter = getattr(module, "get_scaling_elastic_ep", None)
+    return bool(getter()) if callable(getter) else False
+
+
 def core_of(engine_client: Any) -> VllmCore:
     """The engine-core client of ``engine_client`` as in-process mode uses it, with what
     vLLM says about itself (version, sleep mode)."""
@@ -92,4 +107,5 @@ def core_of(engine_client: Any) -> VllmCore:
         vllm_version=vllm_version(),
         enable_sleep_mode=sleep_mode(engine_client),
         front_end=engine_client,
+        scaling_flag=scaling_flag,
     )

@@ -8,6 +8,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.metrics.labels import (
+    ADMIN_ACTIONS as ADMIN_ACTIONS,
+)
+from exporter.metrics.labels import (
+    CALL_OUTCOMES as CALL_OUTCOMES,
+)
+from exporter.metrics.labels import (  # re-exported: the catalog names its label values
+    ENGINE_STATES as ENGINE_STATES,
+)
+from exporter.metrics.labels import (
+    FLEET_STATES as FLEET_STATES,
+)
+from exporter.metrics.labels import (
+    INFO_FACTS as INFO_FACTS,
+)
+from exporter.metrics.labels import (
+    RESET_FAILURE_REASONS as RESET_FAILURE_REASONS,
+)
+from exporter.metrics.labels import (
+    RESET_OUTCOMES as RESET_OUTCOMES,
+)
+from exporter.metrics.labels import (
+    UNKNOWN_FACT as UNKNOWN_FACT,
+)
+
 PREFIX = "vllm_dp_"
 
 
@@ -31,38 +56,6 @@ class MetricSpec:
             return self.name[: -len("_total")]
         return self.name
 
-
-ENGINE_STATES = ("awake", "asleep", "paused", "hung", "unknown")
-#: Registration facts shown as ``vllm_dp_engine_info`` labels: one series per engine whatever
-#: their values (a per-start ``instance_id`` is in /status only: it would add a series per
-#: restart).
-INFO_FACTS = (
-    "vllm_version",
-    "enable_sleep_mode",
-    "data_parallel_rank",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "dtype",
-)
-#: The label value of a registration fact the engine did not send.
-UNKNOWN_FACT = "unknown"
-FLEET_STATES = ("consistent", "inconsistent", "unknown")
-CALL_OUTCOMES = ("ok", "failed", "timeout", "disconnected", "inconsistent")
-#: Fleet outcomes of an admin action (``exporter.fleetstate.aggregate.fleet_outcome``).
-RESET_OUTCOMES = ("success", "partial_failure", "failure", "unsupported")
-RESET_FAILURE_REASONS = ("refused", "failed", "timeout", "disconnected")
-#: Every admin action (exporter.actions, the prefix-cache reset, the weight verification).
-ADMIN_ACTIONS = (
-    "reset_prefix_cache",
-    "sleep",
-    "wake_up",
-    "pause",
-    "resume",
-    "weight_version",
-    "reset_mm_cache",
-    "reset_encoder_cache",
-    "verify_weights",
-)
 
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -144,18 +137,20 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engine_fault_tolerance_status",
         "gauge",
         ("engine", "status"),
-        "State set (healthy, unhealthy, dead, unknown): the engine's last status from vLLM's "
-        "fault-tolerance sentinel (--enable-fault-tolerance); unknown when the exporter cannot "
-        "read it or lost it (a restart without --state-file), never healthy; absent while it "
-        "never reported.",
+        "State set (healthy, unhealthy, dead, paused, recovering, other, unknown): the "
+        "engine's last status from vLLM's fault-tolerance sentinel (--enable-fault-tolerance; "
+        "paused and recovering from vLLM PR #41438); other for a status string the exporter "
+        "does not know (the string in /status fault_info, never a label); unknown when the "
+        "exporter cannot read it or lost it (a restart without --state-file); only healthy is "
+        "healthy; absent while it never reported.",
         modes=("owner", "http", "inprocess"),
     ),
     MetricSpec(
         "vllm_dp_fault_tolerance_faulty_engines",
         "gauge",
         (),
-        "Engines whose last fault-tolerance status is unhealthy, dead or unknown (0: every "
-        "rank that reported is healthy); absent until some engine reported a status.",
+        "Engines whose last fault-tolerance status is anything but healthy (0: every rank "
+        "that reported is healthy); absent until some engine reported a status.",
         modes=("owner", "http", "inprocess"),
     ),
     MetricSpec(
@@ -175,6 +170,32 @@ METRICS: tuple[MetricSpec, ...] = (
         "SHUTDOWN_COMPLETE) since its handshake. Owner mode only (pushes go to client 0).",
         modes=("owner",),
         latest=True,
+    ),
+    MetricSpec(
+        "vllm_dp_elastic_ep_operation",
+        "gauge",
+        ("target", "phase"),
+        "State set (idle, preparing, committing, completed, failed, other): the elastic-EP "
+        "operation's phase as the API server (target) last reported it (POST "
+        "/is_scaling_elastic_ep; vLLM 0.32: committing while scaling, else idle); absent while "
+        "not read or unreadable, and where the server has no such route (owner and relay mode: "
+        "no API server to ask).",
+        modes=("http", "inprocess"),
+    ),
+    MetricSpec(
+        "vllm_dp_elastic_ep_epoch",
+        "gauge",
+        ("target",),
+        "The operation's epoch, when the server reports one that is a whole number (vLLM's "
+        "own are UUIDs: /status only).",
+        modes=("http", "inprocess"),
+    ),
+    MetricSpec(
+        "vllm_dp_elastic_ep_requested_data_parallel_size",
+        "gauge",
+        ("target",),
+        "The data-parallel size the operation asked for, while the server reports it.",
+        modes=("http", "inprocess"),
     ),
     MetricSpec(
         "vllm_dp_engine_weight_version_info",

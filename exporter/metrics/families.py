@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
 from exporter.base.steps import Steps, run_steps
-from exporter.client.fleet import ClientCounters, EngineDetail
+from exporter.client.fleet import ELASTIC_EP_PHASES, ClientCounters, EngineDetail
 from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import FleetState
@@ -121,6 +121,7 @@ def family_steps(
     b = _Builder(model_name)
     yield from _engine_rows(b, snap)
     _push_rows(b, snap)
+    _elastic_ep_rows(b, snap)
     yield
     _fleet_rows(b, snap)
     yield from _counter_rows(b, stats, faults, counters)
@@ -174,6 +175,8 @@ def info_labels(d: EngineDetail) -> Labels:
     """``INFO_FACTS`` of one engine as label values (``unknown`` where it did not say)."""
     facts = dict(d.registration)
     facts.setdefault("vllm_version", d.vllm_version)
+    facts.setdefault("front_end", d.front_end)
+    facts.setdefault("rust_frontend_version", d.rust_frontend_version)
     facts.setdefault("enable_sleep_mode", d.enable_sleep_mode)
     values = []
     for key in INFO_FACTS:
@@ -209,6 +212,30 @@ def _push_rows(b: _Builder, snap: FleetSnapshot) -> None:
         _rows(b, "vllm_dp_engine_pushes_total", pushes)
     if events:
         _rows(b, "vllm_dp_engine_membership_event_timestamp_seconds", events)
+
+
+def _elastic_ep_rows(b: _Builder, snap: FleetSnapshot) -> None:
+    """Each API server's elastic-EP operation (``snap.elastic_ep``): a family appears once it
+    has a series (none where no server's operation is known)."""
+    phases: list[tuple[Labels, float]] = []
+    epochs: list[tuple[Labels, float]] = []
+    sizes: list[tuple[Labels, float]] = []
+    for read in snap.elastic_ep or ():
+        op = read.operation
+        if op is None:
+            continue
+        phases += [((read.target, p), 1.0 if p == op.phase else 0.0) for p in ELASTIC_EP_PHASES]
+        if op.epoch_number is not None:
+            epochs.append(((read.target,), float(op.epoch_number)))
+        if op.requested_data_parallel_size is not None:
+            sizes.append(((read.target,), float(op.requested_data_parallel_size)))
+    for name, rows in (
+        ("vllm_dp_elastic_ep_operation", phases),
+        ("vllm_dp_elastic_ep_epoch", epochs),
+        ("vllm_dp_elastic_ep_requested_data_parallel_size", sizes),
+    ):
+        if rows:
+            _rows(b, name, rows)
 
 
 def _rows(b: _Builder, name: str, rows: list[tuple[Labels, float]]) -> None:

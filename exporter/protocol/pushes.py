@@ -7,7 +7,10 @@ pushes (``{"id": engine_index, "status": "healthy|unhealthy|dead", "fault_info":
 key only while unhealthy). Both go to client 0, and the exporter's own calls never use a
 negative id, so a negative id is never a reply ([protocol.md](../../docs/protocol.md) C.6).
 ``read_rank_status`` is the one rule every mode reads vLLM's status shape by (pushes, the front
-end's table in-process, ``GET /fault_tolerance/status`` in HTTP mode).
+end's table in-process, ``GET /fault_tolerance/status`` in HTTP mode): the status is read as a
+string; vLLM's open PR #41438 adds ``paused`` and ``recovering`` (kept as they are), any other
+string is ``other`` (the string itself in ``fault_info``, never a label), and a status that is no
+string at all is ``unknown`` (unreadable, counted).
 """
 
 from __future__ import annotations
@@ -20,16 +23,24 @@ from exporter.protocol.strings import MAX_ENGINE_STRING, bound_text
 
 EEP_NOTIFICATION_CALL_ID = -1
 FT_STATUS_CALL_ID = -2
-#: The sentinel's statuses (``EngineStatusType`` names, lower case).
-FT_STATUSES = ("healthy", "unhealthy", "dead")
+#: The one status that means the rank may serve.
+FT_HEALTHY = "healthy"
+#: vLLM 0.33's sentinel statuses (``EngineStatusType`` names, lower case).
+FT_STATUSES_033 = (FT_HEALTHY, "unhealthy", "dead")
+#: Every status read as itself: vLLM 0.33's, then the two vLLM's open PR #41438 adds (a rank
+#: held still while the fleet recovers, a rank being recovered).
+FT_STATUSES = (*FT_STATUSES_033, "paused", "recovering")
+#: A status string the exporter does not know (a later vLLM's): the string itself goes to
+#: ``fault_info``, never to a label (the label's values stay these few). Readable: not counted.
+FT_OTHER = "other"
 #: What the exporter records for a rank whose status it cannot read (an entry or push of
-#: another shape, a status vLLM 0.33 does not have) or does not know (after a restart without
-#: a record): never healthy.
+#: another shape, a status that is no string) or does not know (after a restart without a
+#: record): never healthy.
 FT_UNKNOWN = "unknown"
-#: Every value of ``vllm_dp_engine_fault_tolerance_status{status}``, best first.
-FT_STATE_VALUES = (*FT_STATUSES, FT_UNKNOWN)
-#: Statuses that mean the rank cannot be trusted to serve.
-FT_FAULTY = frozenset({"unhealthy", "dead", FT_UNKNOWN})
+#: Every value of ``vllm_dp_engine_fault_tolerance_status{status}``.
+FT_STATE_VALUES = (*FT_STATUSES, FT_OTHER, FT_UNKNOWN)
+#: Statuses that mean the rank cannot be trusted to serve: every one but healthy.
+FT_FAULTY = frozenset(FT_STATE_VALUES) - {FT_HEALTHY}
 #: vLLM 0.33's ``EEPNotificationType`` values.
 EEP_EVENTS = ("RECONFIGURE_FINISHED", "SHUTDOWN_COMPLETE")
 #: How a push is counted (``vllm_dp_engine_pushes_total{kind}``).
@@ -39,6 +50,9 @@ PUSH_KINDS = (PUSH_FT_STATUS, PUSH_EEP, PUSH_OTHER)
 MAX_FAULT_INFO = MAX_ENGINE_STRING
 #: ``fault_info`` of a status the exporter could not read starts with this.
 UNREADABLE = "unreadable status: "
+#: An ``other`` status string shown in ``fault_info``: UTF-8 bytes kept before its repr
+#: (control characters escaped), and the most that repr may take.
+MAX_OTHER_STATUS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +65,8 @@ class FaultStatus:
 
     @property
     def faulty(self) -> bool:
-        """Not healthy: unhealthy, dead, or unknown (fail closed)."""
-        return self.status in FT_FAULTY
+        """Not healthy: anything but ``healthy`` (fail closed)."""
+        return self.status != FT_HEALTHY
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,20 +108,32 @@ def entry_rank(value: Any) -> int | None:
 def read_rank_status(value: Any, rank: int) -> RankStatus:
     """The one rule for vLLM's status shape (the sentinel's push, each entry of the front end's
     ``_engine_status`` and of ``GET /fault_tolerance/status``), for ``rank``: the status is what
-    matters; ``fault_info`` (and a failed recovery's ``ft_error``) is shown as text, its repr
-    when it is not a string, cut by the one rule for engine strings. A value whose status
-    cannot be read is ``FT_UNKNOWN`` with the reason in ``problem``: never healthy, never
-    dropped. The caller has checked that the value belongs to ``rank``."""
+    matters, read as a string: one of ``FT_STATUSES`` is itself, any other string ``FT_OTHER``
+    (the string, cut short and escaped, first in ``fault_info``). ``fault_info`` (and a failed
+    recovery's ``ft_error``) is shown as text, its repr when it is not a string, cut by the one
+    rule for engine strings. A value whose status is no string (or that is no map) cannot be
+    read: ``FT_UNKNOWN`` with the reason in ``problem``, never healthy, never dropped. The
+    caller has checked that the value belongs to ``rank``."""
     if not isinstance(value, dict):
         return unreadable(rank, f"not a map but {_kind(value)}")
-    status = value.get("status")
-    if status not in FT_STATUSES:
-        return unreadable(rank, f"unknown fault-tolerance status {_kind(status)}")
+    raw = value.get("status")
+    if not isinstance(raw, str):
+        return unreadable(rank, f"fault-tolerance status is not text but {_kind(raw)}")
+    status = raw if raw in FT_STATUSES else FT_OTHER
     info = _text(value.get("fault_info"))
+    if status == FT_OTHER:
+        named = f"status {_other_status(raw)}"
+        info = f"{named}: {info}" if info else named
     error = _text(value.get("ft_error"))
     if error:
         info = f"{info or status}, recovery failed: {bound_text(error, 128)}"
     return RankStatus(rank, status, bound_text(info, MAX_FAULT_INFO) if info else None)
+
+
+def _other_status(raw: str) -> str:
+    """A status string the exporter does not know, as ``fault_info`` shows it: its first
+    ``MAX_OTHER_STATUS`` bytes (with the cut marker), quoted, control characters escaped."""
+    return bound_text(repr(bound_text(raw, MAX_OTHER_STATUS)), 2 * MAX_OTHER_STATUS)
 
 
 def decode_ft_status(value: Any, engine_index: int) -> RankStatus:
@@ -162,8 +188,10 @@ def decode_eep_notification(value: Any, engine_index: int) -> tuple[str, int]:
 def encode_ft_status_value(
     engine_index: int, status: str, fault_info: str | None = None
 ) -> dict[str, Any]:
-    """The sentinel's payload exactly as vLLM 0.33's ``_push_status`` builds it (simulators)."""
+    """The sentinel's payload exactly as vLLM 0.33's ``_push_status`` builds it (simulators):
+    ``fault_info`` only while unhealthy. Any other status string (``paused``, ``recovering``,
+    one no vLLM has) is sent as given, with ``fault_info`` when one is given."""
     payload: dict[str, Any] = {"id": engine_index, "status": status}
-    if status == "unhealthy":
+    if status == "unhealthy" or (status not in FT_STATUSES_033 and fault_info is not None):
         payload["fault_info"] = fault_info
     return payload

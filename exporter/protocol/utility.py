@@ -3,7 +3,9 @@
 Requests are ``[client_index, call_id, method, args]``; replies are a positional 9-element
 ``EngineCoreOutputs`` array whose position 4 is ``[call_id, failure_message, result]`` and whose
 result is ``[type_info, value]`` (we use ``value`` and ignore ``type_info``: nothing named on the
-wire is ever imported). Shorter and longer reply arrays are accepted, as vLLM's own decoder does.
+wire is ever imported). Shorter and longer reply arrays are accepted, as vLLM's own decoder does:
+elements after the 9 known positions (vLLM PR #51433's ``engine_notifications``, any later field)
+are skipped unread, so an engine newer than the exporter never makes a protocol error.
 """
 
 from __future__ import annotations
@@ -47,8 +49,21 @@ class UtilityOutputWire(msgspec.Struct, array_like=True):
     result: Any = None
 
 
-class EngineCoreOutputsWire(msgspec.Struct, array_like=True):
-    """``EngineCoreOutputs`` (9 positions in vLLM 0.33; shorter/longer arrays decode too)."""
+#: Positions of vLLM 0.33's ``EngineCoreOutputs`` (the last, ``weight_version``, is 8).
+KNOWN_OUTPUT_POSITIONS = 9
+
+
+# On purpose: ``forbid_unknown_fields=False`` (msgspec's default, spelled out) makes an
+# array-like struct skip every element after its last field without interpreting it, as vLLM's
+# own client does. vLLM PR #51433 (not in 0.33) appends ``engine_notifications`` (position 9: a
+# list of map-encoded notifications, or nil) and, since ``omit_defaults`` has no effect on an
+# array-like struct, an engine with it sends 10 positions on every output. The exporter ignores
+# the field; relay mode never touches an output (the front end gets the engine's bytes). A
+# skipped element must still be well-formed msgpack within the nesting bound (``codec``).
+# ``True`` here would make every such output a ``wrong_shape`` protocol error.
+class EngineCoreOutputsWire(msgspec.Struct, array_like=True, forbid_unknown_fields=False):
+    """``EngineCoreOutputs`` (9 positions in vLLM 0.33; shorter arrays take the defaults of the
+    missing tail, longer ones have their trailing elements skipped)."""
 
     engine_index: int = 0
     outputs: list[Any] = msgspec.field(default_factory=list)
@@ -78,10 +93,13 @@ class UtilityReply(msgspec.Struct, frozen=True):
 
 
 class EngineOutput(msgspec.Struct, frozen=True):
-    """A decoded output frame: ``utility`` is None for non-utility outputs."""
+    """A decoded output frame: ``utility`` is None for non-utility outputs. ``notice``: such an
+    output whose only content follows the known positions (vLLM PR #51433 broadcasts its
+    ``engine_notifications`` to every client so), nothing for the exporter and no error."""
 
     engine_index: int
     utility: UtilityReply | None
+    notice: bool = False
 
 
 _request_encoder = msgspec.msgpack.Encoder()
@@ -125,12 +143,46 @@ def decode_engine_outputs(payload: bytes) -> EngineOutput:
     wire = decode(payload, "EngineCoreOutputs", _outputs_decoder)
     out = wire.utility_output
     if out is None:
-        return EngineOutput(wire.engine_index, None)
+        return EngineOutput(wire.engine_index, None, _only_trailing(payload, wire))
     if out.failure_message is not None:
         failure = bound_text(out.failure_message)
         return EngineOutput(wire.engine_index, UtilityReply(out.call_id, failure, None))
     value = bound_value(unwrap_result(out.result))
     return EngineOutput(wire.engine_index, UtilityReply(out.call_id, None, value))
+
+
+class _Absent:
+    """The type of ``ABSENT``: an argument not given (None is a value the wire carries)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: ``encode_utility_reply(engine_notifications=ABSENT)``: no 10th position (vLLM 0.33).
+ABSENT: Any = _Absent()
+
+
+def _only_trailing(payload: bytes, wire: EngineCoreOutputsWire) -> bool:
+    """True when an output without a utility reply has elements after the known positions and
+    nothing in the known ones but its engine index, timestamp and weight version (which vLLM
+    sets on every output of a step)."""
+    return (
+        _array_length(payload) > KNOWN_OUTPUT_POSITIONS
+        and not wire.outputs
+        and wire.scheduler_stats is None
+        and wire.finished_requests is None
+        and wire.wave_complete is None
+        and wire.start_wave is None
+    )
+
+
+def _array_length(payload: bytes) -> int:
+    """The element count in the header of ``payload``, a msgpack array (it decoded as one)."""
+    head = payload[0]
+    if head & 0xF0 == 0x90:  # fixarray
+        return head & 0x0F
+    size = 2 if head == 0xDC else 4  # array 16, array 32
+    return int.from_bytes(payload[1 : 1 + size], "big")
 
 
 def encode_utility_reply(
@@ -141,17 +193,41 @@ def encode_utility_reply(
     failure_message: str | None = None,
     timestamp: float = 0.0,
     type_info: Any = None,
+    engine_notifications: Any = ABSENT,
 ) -> bytes:
     """Encode a 9-position ``EngineCoreOutputs`` utility reply, as a vLLM 0.33 engine does.
 
     A success always carries ``[type_info, value]`` (``[nil, nil]`` for None): vLLM's Python
-    client asserts the result is non-nil on success.
+    client asserts the result is non-nil on success. ``engine_notifications`` (any value,
+    None included) adds a 10th position as an engine with vLLM PR #51433 sends it: None when
+    it has nothing to say, else a list of notifications (``custom_notification``).
     """
     result = None if failure_message is not None else [type_info, value]
     utility = [call_id, failure_message, result]
-    return _request_encoder.encode(
-        [engine_index, [], None, float(timestamp), utility, None, None, None, None]
-    )
+    fields = [engine_index, [], None, float(timestamp), utility, None, None, None, None]
+    if engine_notifications is not ABSENT:
+        fields.append(engine_notifications)
+    return _request_encoder.encode(fields)
+
+
+def encode_notifications_output(
+    engine_index: int, engine_notifications: Any, *, timestamp: float = 0.0
+) -> bytes:
+    """An output with no utility reply that carries only ``engine_notifications`` (position 9),
+    as an engine with vLLM PR #51433 broadcasts it to every client (simulators, tests)."""
+    fields = [engine_index, [], None, float(timestamp), None, None, None, None, None]
+    return _request_encoder.encode([*fields, engine_notifications])
+
+
+def custom_notification(key: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One entry of ``engine_notifications`` as vLLM PR #51433 encodes its ``CustomNotification``
+    (``vllm/v1/notifications.py``: a tagged, map-encoded Struct with ``omit_defaults``, so an
+    empty ``payload`` is left out): ``{"type": "custom", "key": ..., "payload": {...}}``.
+    Simulators and tests only; the exporter never reads it."""
+    entry: dict[str, Any] = {"type": "custom", "key": key}
+    if payload:
+        entry["payload"] = payload
+    return entry
 
 
 def reset_args(reset_running_requests: bool, reset_connector: bool) -> tuple[bool, ...]:

@@ -63,7 +63,13 @@ from exporter.remote.results import (
     GateEngine,
     GateResult,
 )
-from exporter.remote.status import EngineInvariant, EngineStatus, Status, Verdict
+from exporter.remote.status import (
+    ElasticEpOperationStatus,
+    EngineInvariant,
+    EngineStatus,
+    Status,
+    Verdict,
+)
 from exporter.remote.sync import SyncClient
 from exporter.remote.waiting import Progress
 
@@ -79,6 +85,7 @@ __all__ = [
     "Client",
     "Conflict",
     "Credentials",
+    "ElasticEpOperationStatus",
     "EngineInvariant",
     "EngineRequests",
     "EngineResult",

@@ -79,11 +79,16 @@ class EngineStatus:
     up: bool
     state: str
     vllm_version: str | None = None
+    #: ``python`` or ``rust``: the API server it is read through (None: not known, or an
+    #: exporter older than the field), and the Rust front end's version.
+    front_end: str | None = None
+    rust_frontend_version: str | None = None
     address: str | None = None
     handshakes: int | None = None
     invariants: Mapping[str, EngineInvariant] = field(default_factory=dict)
-    #: Its last fault-tolerance status (``healthy``, ``unhealthy``, ``dead``; None: never
-    #: reported) and ``fault_info`` (docs/fault-tolerance.md).
+    #: Its last fault-tolerance status (``healthy``, ``unhealthy``, ``dead``, ``paused``,
+    #: ``recovering``, ``other``, ``unknown``; None: never reported) and ``fault_info``
+    #: (docs/fault-tolerance.md).
     fault_status: str | None = None
     fault_info: str | None = None
     #: Whether a router should send it traffic and why not (None: an exporter older than
@@ -130,6 +135,8 @@ class EngineStatus:
             up=f.truth("up"),
             state=f.text("state") or "unknown",
             vllm_version=f.text("vllm_version"),
+            front_end=f.text("front_end"),
+            rust_frontend_version=f.text("rust_frontend_version"),
             address=f.text("address"),
             handshakes=f.integer("handshakes"),
             invariants={
@@ -150,6 +157,49 @@ class EngineStatus:
 
 
 @dataclass(frozen=True)
+class ElasticEpOperationStatus:
+    """One API server's elastic-EP operation (``elastic_ep_operations`` in ``/status``,
+    docs/status.md): its ``phase`` (``idle``, ``preparing``, ``committing``, ``completed``,
+    ``failed``, ``other``: the string in ``reported_phase``; None while not known, ``problem``
+    says why), whether serving is paused for it (``scaling``), its epoch, error and requested
+    data-parallel size; ``supported`` False where the server has no such route."""
+
+    target: str
+    phase: str | None = None
+    scaling: bool | None = None
+    epoch: str | None = None
+    error: str | None = None
+    requested_data_parallel_size: int | None = None
+    reported_phase: str | None = None
+    supported: bool = True
+    read_at_unix: float | None = None
+    problem: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "failed"
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> ElasticEpOperationStatus:
+        f = Fields(data, where)
+        target = f.text("target")
+        if target is None:
+            raise InvalidAnswer(f"{where}.target must be a string")
+        return cls(
+            target=target,
+            phase=f.text("phase"),
+            scaling=f.flag("scaling", None),
+            epoch=f.text("epoch"),
+            error=f.text("error"),
+            requested_data_parallel_size=f.count("requested_data_parallel_size"),
+            reported_phase=f.text("reported_phase"),
+            supported=f.truth("supported", True),
+            read_at_unix=f.number("read_at_unix"),
+            problem=f.text("problem"),
+        )
+
+
+@dataclass(frozen=True)
 class Status:
     """The ``/status`` document."""
 
@@ -165,11 +215,13 @@ class Status:
     aggregate: Mapping[str, Verdict]
     engines: tuple[EngineStatus, ...]
     generated_unix: float | None = None
-    #: No engine reports an unhealthy, dead or unknown fault-tolerance status (an exporter
-    #: older than this field: True; None: the attach mode cannot know, relay), and the
-    #: engines that do.
+    #: No engine reports a fault-tolerance status but healthy (an exporter older than this
+    #: field: True; None: the attach mode cannot know, relay), and the engines that do.
     healthy: bool | None = True
     faulty_engines: tuple[str, ...] = ()
+    #: Each API server's elastic-EP operation, in target order (None: the attach mode has no
+    #: API server to ask, owner and relay, or an exporter older than the field).
+    elastic_ep_operations: tuple[ElasticEpOperationStatus, ...] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -210,5 +262,11 @@ class Status:
             generated_unix=f.number("generated_unix"),
             healthy=ft.flag("healthy", True),
             faulty_engines=ft.labels("faulty_engines"),
+            elastic_ep_operations=None
+            if f.data.get("elastic_ep_operations") is None
+            else tuple(
+                ElasticEpOperationStatus.from_json(o, f"elastic_ep_operations[{i}]")
+                for i, o in enumerate(f.items("elastic_ep_operations"))
+            ),
             raw=body,
         )

@@ -15,7 +15,8 @@ Routes (F.4): ``GET /version``; ``GET /metrics`` (served whatever the dev mode, 
 engine's running and waiting requests, ``vllm:num_requests_running`` /
 ``vllm:num_requests_waiting`` with its DP rank as the ``engine`` label, unless ``log_stats`` is
 off; no engine called); with fault tolerance on, ``GET /fault_tolerance/status`` (vLLM
-0.33's ``get_status()``: the front end's copy of the sentinels' pushes, no engine called); dev ``GET
+0.33's ``get_status()``: the front end's copy of the sentinels' pushes, no engine called); ``POST
+/is_scaling_elastic_ep`` (whatever the dev mode: ``api_elastic``); dev ``GET
 /is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``, ``/reset_mm_cache``,
 ``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET /is_paused``, ``POST
 /update_weight_version``, ``GET /weight_info``, ``POST /weight_checker``. Bad query or body values
@@ -34,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter.sim.api_elastic import SimElasticEp, elastic_ep_answer
 from exporter.sim.api_wire import (
     METRICS_CONTENT_TYPE,
     WEIGHT_CHECKER_ACTIONS,
@@ -57,6 +59,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MISSING: Any = object()
 
 
+#: The name vLLM's Rust front end gives a consensus route's call in its error prefix, where it
+#: is not the utility method's (measured on vLLM 0.32's binary).
+RUST_CALL_NAMES = {"is_scheduler_paused": "is_paused"}
+
+
 class ApiRoutes:
     """The route handlers of one simulated API server, over its engines.
 
@@ -71,6 +78,7 @@ class ApiRoutes:
     engine_status: dict[int, dict[str, Any]]
     ft_answer: bytes | None
     metrics_answer: bytes | None
+    elastic_ep: SimElasticEp
 
     # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
 
@@ -118,8 +126,10 @@ class ApiRoutes:
         results = await self._call_all(method)
         if any(r != results[0] for r in results[1:]):
             if self.options.rust_front_end is not None:
+                # Its prefix names the route's own call (``is_paused`` for is_scheduler_paused).
+                call = RUST_CALL_NAMES.get(method, method)
                 raise _RustFrontEndError(
-                    f"failed to call {method}: utility call `{method}` returned inconsistent "
+                    f"failed to call {call}: utility call `{method}` returned inconsistent "
                     f"results across engines: {json.dumps(results)}"
                 )
             raise _EngineError(f"Engines returned different {method} results: {results!r}")
@@ -149,7 +159,10 @@ class ApiRoutes:
         ]
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json({"version": self.options.vllm_version})
+        answer: dict[str, str] = {"version": self.options.vllm_version}
+        if self.options.rust_front_end is not None:  # the Rust front end adds its own
+            answer["rust_frontend_version"] = self.options.rust_front_end
+        return _json(answer)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         """vLLM's Prometheus exposition: the stat loggers' last values (no engine is called)."""
@@ -165,6 +178,11 @@ class ApiRoutes:
             return web.Response(body=self.ft_answer, content_type="application/json")
         engines = list(self.engine_status.values())
         return _json({"schema_version": 1, "total_engines": len(self.engines), "engines": engines})
+
+    async def _elastic_ep_status(self, request: web.Request) -> web.Response:
+        """``POST /is_scaling_elastic_ep`` as this release answers it (``api_elastic``)."""
+        o = self.options
+        return await elastic_ep_answer(self.elastic_ep, o.vllm_version, o.rust_front_end)
 
     # -- dev routes ---------------------------------------------------------------------------
 

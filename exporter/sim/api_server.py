@@ -5,13 +5,15 @@ backed by N in-process simulated engines that run the demo story.
 Faithful details: dev mode off gives 404 ``{"detail":"Not Found"}`` on the dev and RL routes
 (``GET /version`` and ``GET /metrics`` still answer; ``log_stats=False``, vLLM's
 ``--disable-log-stats``, leaves the request counts out of ``/metrics``), ``fault_tolerance`` adds
-vLLM 0.33's ``GET /fault_tolerance/status`` (404 without it, as vLLM), ``missing_routes`` leaves
-some out (404, as a vLLM without them), a wrong method gives 405 with an ``allow`` header, bad
-query or body values give vLLM's 400 validation envelope, and after every 500 from an exception
-the TCP connection is closed without a ``connection: close`` header (the RL routes that catch
-their exceptions answer ``{"error": "Failed to ...: <text>"}`` and keep the connection).
-Authorization headers are recorded, never checked (vLLM's ``--api-key`` does not cover the dev
-routes).
+vLLM 0.33's ``GET /fault_tolerance/status`` (404 without it, as vLLM; under ``/v1/`` only with
+``fault_tolerance_prefix="/v1"``, as vLLM's open PR #46370 may serve it), ``missing_routes`` leaves
+some out (404, as a vLLM without them), ``POST /is_scaling_elastic_ep`` answers as each release
+does (``exporter.sim.api_elastic``; ``set_elastic_ep`` moves its operation), a wrong method
+gives 405 with an ``allow`` header, bad query or body values give vLLM's 400 validation
+envelope, and after every 500 from an exception the TCP connection is closed without a
+``connection: close`` header (the RL routes that catch their exceptions answer ``{"error":
+"Failed to ...: <text>"}`` and keep the connection). Authorization headers are recorded, never
+checked (vLLM's ``--api-key`` does not cover the dev routes).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.protocol.pushes import encode_ft_status_value
+from exporter.sim.api_elastic import ELASTIC_EP_PATH, SimElasticEp
 from exporter.sim.api_routes import ApiRoutes, Handler
 from exporter.sim.api_wire import (
     _PHRASES,
@@ -74,10 +77,14 @@ class SimApiServer(ApiRoutes):
         }
         self.ft_answer: bytes | None = None
         self.metrics_answer: bytes | None = None
+        #: ``POST /is_scaling_elastic_ep``'s operation and faults (``set_elastic_ep``).
+        self.elastic_ep = SimElasticEp()
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         self._connections: dict[Any, int] = {}
         self.aborted = 0
+        #: The path of each request aborted (``reset_reused_connections``), in order.
+        self.aborted_paths: list[str] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
 
@@ -86,9 +93,22 @@ class SimApiServer(ApiRoutes):
         return self.options.story_offset + position
 
     def set_fault_status(self, position: int, status: str, fault_info: str | None = None) -> None:
-        """Engine ``position``'s sentinel pushed ``status`` (the payload vLLM stores as is)."""
+        """Engine ``position``'s sentinel pushed ``status`` (the payload vLLM stores as is):
+        vLLM 0.33's three, PR #41438's ``paused`` and ``recovering``, or any other string."""
         rank = self.rank_of(position)
         self.engine_status[rank] = encode_ft_status_value(rank, status, fault_info)
+
+    def set_elastic_ep(
+        self,
+        phase: str = "idle",
+        epoch: str | None = None,
+        error: str | None = None,
+        requested: int | None = None,
+    ) -> None:
+        """The elastic-EP operation vLLM's shared store now holds (any phase string); the
+        faults (``elastic_ep.unavailable``, ``elastic_ep.answer``) stay as they are."""
+        state = self.elastic_ep
+        state.phase, state.epoch, state.error, state.requested = phase, epoch, error, requested
 
     def recovery_failed(self, request_id: str, reason: str) -> None:
         """``handle_fault`` failed: vLLM notes it in the first managed rank's entry."""
@@ -103,7 +123,10 @@ class SimApiServer(ApiRoutes):
         app.router.add_get("/version", self._version, allow_head=False)
         app.router.add_get("/metrics", self._metrics, allow_head=False)
         if self.options.fault_tolerance:  # vLLM registers it whatever the dev mode
-            app.router.add_get("/fault_tolerance/status", self._ft_status, allow_head=False)
+            path = self.options.fault_tolerance_prefix + "/fault_tolerance/status"
+            app.router.add_get(path, self._ft_status, allow_head=False)
+        if ELASTIC_EP_PATH not in self.options.missing_routes:  # wherever vLLM serves generate
+            app.router.add_post(ELASTIC_EP_PATH, self._elastic_ep_status)
         if self.options.dev_mode:
             for verb, path, handler in self._dev_routes():
                 if path in self.options.missing_routes:
@@ -148,18 +171,20 @@ class SimApiServer(ApiRoutes):
         self._connections[peer] = seen + 1
         if self.options.reset_reused_connections and seen > 0 and request.transport is not None:
             self.aborted += 1
+            self.aborted_paths.append(request.path)
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client
         try:
             return await handler(request)
         except web.HTTPNotFound:
+            if self.options.rust_front_end is not None:  # its 404s and 405s have no body
+                return web.Response(status=404)
             return _json({"detail": "Not Found"}, status=404)
         except web.HTTPMethodNotAllowed as exc:
-            return _json(
-                {"detail": "Method Not Allowed"},
-                status=405,
-                headers={"allow": ", ".join(sorted(exc.allowed_methods))},
-            )
+            allow = {"allow": ", ".join(sorted(exc.allowed_methods))}
+            if self.options.rust_front_end is not None:
+                return web.Response(status=405, headers=allow)
+            return _json({"detail": "Method Not Allowed"}, status=405, headers=allow)
         except _BadQuery as exc:
             return _json(_validation_error(exc), status=400)
         except _HttpError as exc:
@@ -183,7 +208,9 @@ class SimApiServer(ApiRoutes):
             if rust is not None and rust.startswith("0.32")
             else "InternalServerError"
         )
-        envelope = {"error": {"message": message, "type": kind, "param": None, "code": 500}}
+        # The Rust front end's code is a string (measured on 0.32: "server_error").
+        code: int | str = "server_error" if rust is not None and kind == "server_error" else 500
+        envelope = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         resp = _json(envelope, status=500)
         if not self.options.close_after_500:
             return resp

@@ -50,7 +50,12 @@ class _HttpError(Exception):
 
 
 #: FastAPI's HTTPStatus phrases for the statuses the routes raise.
-_PHRASES = {400: "Bad Request", 409: "Conflict", 500: "Internal Server Error"}
+_PHRASES = {
+    400: "Bad Request",
+    409: "Conflict",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 WEIGHT_CHECKER_ACTIONS = ("checksum", "reset", "compare")
 
 

@@ -41,7 +41,8 @@ from exporter.protocol import (
 )
 from exporter.protocol.kv_events import publisher_config
 from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
-from exporter.sim.options import RequestHook, SimOptions
+from exporter.protocol.utility import encode_notifications_output
+from exporter.sim.options import OutputHook, RequestHook, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
 from exporter.sim.story import StoryState, run_story
 
@@ -68,7 +69,8 @@ class SimEngine:
     engine answers, in the order it answers them, after the wire-side faults (``hang``,
     ``reply_delay_s``, the shutdown window) and before the state machine runs it; returning a
     :class:`SimReply` answers with that instead. Tests record requests and script answers with
-    it; it is never called for a request the engine does not answer.
+    it; it is never called for a request the engine does not answer. ``on_output`` (an
+    :data:`OutputHook`, settable at any time) sees every output frame once it is sent.
     """
 
     handshake_address: str
@@ -77,6 +79,7 @@ class SimEngine:
     context: zmq.asyncio.Context | None = None
     clock: Callable[[], float] = time.monotonic
     on_request: RequestHook | None = None
+    on_output: OutputHook | None = None
 
     def __post_init__(self) -> None:
         #: Sleep/pause/weight state and every utility method (the options' state fields are
@@ -112,16 +115,34 @@ class SimEngine:
         fault-tolerance sentinel (``FT_STATUS_CALL_ID``, ``encode_ft_status_value``) and
         elastic-EP notifications (``EEP_NOTIFICATION_CALL_ID``, ``[event, dp_rank]``) do."""
         if self.output_alive and self._outputs:
-            await self._outputs[0].send(
-                encode_utility_reply(
-                    self.engine_index, call_id, value=value, timestamp=self.clock()
-                )
+            frame = encode_utility_reply(
+                self.engine_index,
+                call_id,
+                value=value,
+                timestamp=self.clock(),
+                engine_notifications=self.options.engine_notifications,
             )
+            await self._send(0, frame)
 
-    async def _push_fault(self, status: str) -> None:
-        fault_info = "RuntimeError" if status == "unhealthy" else None
+    async def push_fault_status(self, status: str, fault_info: str | None = None) -> None:
+        """The sentinel's push of ``status`` (``encode_ft_status_value``): vLLM 0.33's three,
+        PR #41438's ``paused`` and ``recovering``, or any other string."""
         value = encode_ft_status_value(self.engine_index, status, fault_info)
         await self.push(FT_STATUS_CALL_ID, value)
+
+    async def notify(self, engine_notifications: Any) -> None:
+        """Send every client an output with no utility reply and only ``engine_notifications``,
+        as an engine with vLLM PR #51433 broadcasts its notifications (``custom_notification``
+        entries)."""
+        if self.output_alive:
+            frame = encode_notifications_output(
+                self.engine_index, engine_notifications, timestamp=self.clock()
+            )
+            for client_index in range(len(self._outputs)):
+                await self._send(client_index, frame)
+
+    async def _push_fault(self, status: str) -> None:
+        await self.push_fault_status(status, "RuntimeError" if status == "unhealthy" else None)
 
     def _apply_story(self, story: StoryState, now: float) -> None:
         """The demo story's state, and its hung window (requests read, never answered)."""
@@ -313,9 +334,19 @@ class SimEngine:
             self.output_alive = False
             return
         frame = encode_utility_reply(
-            self.engine_index, call_id, value=value, failure_message=failure, timestamp=self.clock()
+            self.engine_index,
+            call_id,
+            value=value,
+            failure_message=failure,
+            timestamp=self.clock(),
+            engine_notifications=self.options.engine_notifications,
         )
+        await self._send(client_index, frame)
+
+    async def _send(self, client_index: int, frame: bytes) -> None:
         await self._outputs[client_index].send(frame)
+        if self.on_output is not None:
+            self.on_output(client_index, frame)
 
     async def _die(self, why: str) -> None:
         log.error("engine %d died: %s", self.engine_index, why)

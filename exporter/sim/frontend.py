@@ -5,7 +5,9 @@ binds a handshake ROUTER, answers each HELLO with an INIT naming its own input a
 addresses, waits for READY and the registration, and then makes its own utility calls on slot 0
 (``is_sleeping`` in a loop), so tests can prove that the exporter's relayed slot and the front
 end's slot never cross-talk. It also counts every HELLO/READY it receives per engine and keeps
-their raw bytes, to check that the relay forwards each exactly once and byte for byte.
+their raw bytes, to check that the relay forwards each exactly once and byte for byte, and keeps
+the last ``KEPT_OUTPUTS`` output frames of each engine as received (``outputs``), to check that
+what an engine sent its slot arrives unchanged.
 
 Given ``coordinator`` (each engine's (running, waiting)), it also plays vLLM's DP coordinator:
 an XPUB on loopback named in every INIT as ``frontend_stats_publish_address``, publishing
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +39,8 @@ from exporter.protocol import decode_handshake_message
 from exporter.protocol.handshake import EngineHandshakeMetadata, EngineZmqAddresses
 
 log = logging.getLogger("exporter.sim.frontend")
+#: Output frames kept per engine (the first frame of each message, as received).
+KEPT_OUTPUTS = 1000
 
 
 class _CountingOwnerTransport(OwnerTransport):
@@ -52,6 +56,8 @@ class _CountingOwnerTransport(OwnerTransport):
         self.received: Counter[tuple[bytes, str]] = Counter()
         #: (engine identity, status) → raw payloads, in arrival order.
         self.payloads: dict[tuple[bytes, str], list[bytes]] = {}
+        #: engine index → its last output frames, in arrival order.
+        self.outputs: dict[int, deque[bytes]] = {}
 
     async def _on_handshake_frames(self, sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         if len(frames) == 2:
@@ -60,6 +66,11 @@ class _CountingOwnerTransport(OwnerTransport):
                 self.received[(frames[0], status)] += 1
                 self.payloads.setdefault((frames[0], status), []).append(frames[1])
         await super()._on_handshake_frames(sock, frames)
+
+    def _on_output_frames(self, link: EngineLink, frames: list[bytes], fd: int) -> None:
+        kept = self.outputs.setdefault(link.engine_index, deque(maxlen=KEPT_OUTPUTS))
+        kept.append(bytes(frames[0]))
+        super()._on_output_frames(link, frames, fd)
 
     def _init_for(self, link: EngineLink) -> bytes:
         if self.stats_publish_address is None:
@@ -120,6 +131,10 @@ class SimFrontend:
 
     def payloads(self, engine_index: int, status: str) -> list[bytes]:
         return self.transport.payloads.get((engine_index.to_bytes(2, "little"), status), [])
+
+    def outputs(self, engine_index: int) -> list[bytes]:
+        """The last output frames received from ``engine_index`` (at most ``KEPT_OUTPUTS``)."""
+        return list(self.transport.outputs.get(engine_index, ()))
 
     def ok_count(self, engine_index: int | None = None) -> int:
         return sum(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.protocol.utility import ABSENT
 from exporter.sim.state import EngineState
 
 
@@ -24,6 +25,9 @@ class SimReply:
 #: is about to answer, before its state machine runs it: ``None`` lets the state machine answer,
 #: a :class:`SimReply` is sent instead (the state is then left as it was).
 RequestHook = Callable[[int, int, str, list[Any]], SimReply | None]
+#: ``hook(client_index, frame)``, called with every output frame the engine has sent (replies
+#: and pushes, the bytes as sent; not ENGINE_CORE_DEAD): what a client slot should receive.
+OutputHook = Callable[[int, bytes], None]
 
 
 @dataclass
@@ -49,6 +53,8 @@ class SimOptions:
     shutdown_window_s: float = 0.0  # after stop(): answer "Server shutting down" this long
     drain_s: float = 0.0  # in-flight work that sleep(level, "wait") waits for
     supports_pause_query: bool = True  # False: no is_scheduler_paused (older vLLM)
+    #: False: sleep leaves the scheduler running (vLLM's draft PR #53082).
+    sleep_pauses: bool = True
     vllm_version: str = "0.33.0"
     enable_sleep_mode: bool = True
     handshake_timeout_s: float = 300.0
@@ -74,6 +80,10 @@ class SimOptions:
     registration_extra: dict[str, Any] | None = None
     #: Only these registration keys are sent (``LEGACY_REGISTRATION_KEYS``: vLLM 0.20's three).
     registration_keys: tuple[str, ...] | None = None
+    #: Read live: every output (replies and pushes) carries a 10th position, this value, as an
+    #: engine with vLLM PR #51433's ``engine_notifications`` does (None: nothing to say; a list
+    #: of ``custom_notification`` entries). ``ABSENT``: vLLM 0.33's 9 positions.
+    engine_notifications: Any = ABSENT
 
     def initial_state(self, dp_rank: int = 0) -> EngineState:
         """A fresh state machine as these options describe it, at DP rank ``dp_rank``."""
@@ -83,6 +93,7 @@ class SimOptions:
             refuse_reset=self.refuse_reset,
             drain_s=self.drain_s,
             supports_pause_query=self.supports_pause_query,
+            sleep_pauses=self.sleep_pauses,
             weight_version=self.weight_version,
             dp_rank=dp_rank,
             tp_size=self.tp_size,
@@ -122,6 +133,9 @@ class ApiServerOptions:
     #: vLLM 0.33's ``--enable-fault-tolerance``: ``GET /fault_tolerance/status`` is served
     #: (every rank healthy until ``SimApiServer.set_fault_status``).
     fault_tolerance: bool = False
+    #: Where the fault-tolerance route is served: ``""`` at the root (vLLM 0.33), ``"/v1"``
+    #: under ``/v1/`` only (vLLM's open PR #46370); the other place answers 404.
+    fault_tolerance_prefix: str = ""
     #: vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``) of this release answers instead of
     #: the Python API server: its consensus error (``utility call `m` returned inconsistent
     #: results across engines: [JSON values]``, under ``failed to call m: ``) comes in its own

@@ -84,6 +84,9 @@ class EngineState:
     refuse_reset: bool = False  # reset_prefix_cache returns False (blocks still held)
     drain_s: float = 0.0  # in-flight work that pause/sleep with mode "wait" waits for
     supports_pause_query: bool = True  # False: no is_scheduler_paused (older vLLM)
+    #: False: ``sleep`` puts the tags to sleep without pausing the scheduler (vLLM's draft PR
+    #: #53082); ``is_sleeping`` is then true while ``is_scheduler_paused`` is false.
+    sleep_pauses: bool = True
     weight_version: str | None = None  # get_weight_version's answer until one is set
     #: This engine's DP rank (the ``dp`` of its checksum keys) and its workers' TP size.
     dp_rank: int = 0
@@ -111,6 +114,7 @@ class EngineState:
         refuse_reset: bool = False,
         drain_s: float = 0.0,
         supports_pause_query: bool = True,
+        sleep_pauses: bool = True,
         weight_version: str | None = None,
         dp_rank: int = 0,
         tp_size: int = 1,
@@ -126,6 +130,7 @@ class EngineState:
             refuse_reset=refuse_reset,
             drain_s=drain_s,
             supports_pause_query=supports_pause_query,
+            sleep_pauses=sleep_pauses,
             weight_version=weight_version,
             dp_rank=dp_rank,
             tp_size=tp_size,
@@ -211,8 +216,11 @@ class EngineState:
         self.work.resume(self.now)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> Deferred | None:
-        """Level 0 only pauses the scheduler; level 1 and 2 also put every tag to sleep."""
-        deferred = self.pause_scheduler(mode, clear_cache=level >= 1)
+        """Level 0 only pauses the scheduler; level 1 and 2 also put every tag to sleep (without
+        the pause when ``sleep_pauses`` is false)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {mode}")
+        deferred = self.pause_scheduler(mode, clear_cache=level >= 1) if self.sleep_pauses else None
         if level >= 1:
             self.sleeping_tags = set(ALL_TAGS)
         return deferred
@@ -226,7 +234,8 @@ class EngineState:
         if wanted <= self.sleeping_tags:
             self.sleeping_tags -= wanted
         if not self.sleeping_tags:
-            self.resume_scheduler()
+            if self.sleep_pauses:  # else a pause is its own, left for resume_scheduler
+                self.resume_scheduler()
             return True
         return False
 

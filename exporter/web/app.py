@@ -27,7 +27,8 @@ from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import engine_readiness, routable_document, status_steps
+from exporter.web.routabledoc import engine_readiness, routable_document
+from exporter.web.statusdoc import status_steps
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
 from exporter.web.statuspage import render_page
 
@@ -70,7 +71,7 @@ async def gate_answer(exporter: Exporter, query: Mapping[str, list[str]]) -> tup
 
 def readiness(exporter: Exporter, engines: list[str] | None = None) -> tuple[int, dict[str, Any]]:
     """``/readyz``: 200 when every expected engine answered the last poll, else 503;
-    ``/readyz?engine=N``: 200 while rank N is routable (``statusdoc.engine_readiness``)."""
+    ``/readyz?engine=N``: 200 while rank N is routable (``routabledoc.engine_readiness``)."""
     snap = exporter.poller.snapshot
     if engines:
         if len(engines) > 1:
@@ -95,7 +96,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def routable(request: web.Request) -> web.Response:
-    """Every rank's routable verdict from the last poll (``statusdoc.routable_document``)."""
+    """Every rank's routable verdict from the last poll (``routabledoc.routable_document``)."""
     doc = routable_document(request.app[EXPORTER_KEY].poller.snapshot)
     return web.json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
 

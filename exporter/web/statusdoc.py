@@ -16,16 +16,16 @@ from typing import Any
 
 from exporter import __version__
 from exporter.base.steps import Steps, run_steps
-from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, Outcome
+from exporter.client.fleet import REGISTRATION_KEYS, ElasticEpRead, EngineDetail, Outcome
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
-from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, READS, Invariant
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 from exporter.metrics.catalog import RESET_OUTCOMES
 from exporter.metrics.stats import LastAction, Stats
+from exporter.web.routabledoc import routable_json
 
 SCHEMA_VERSION = 1
 OUTCOMES = RESET_OUTCOMES
@@ -119,6 +119,8 @@ def engine_json(
         "last_success_unix": e.last_success_unix,
         "seconds_since_last_success": since,
         "vllm_version": e.detail.vllm_version,
+        "front_end": e.detail.front_end,
+        "rust_frontend_version": e.detail.rust_frontend_version,
         "enable_sleep_mode": e.detail.enable_sleep_mode,
         "address": e.detail.address,
         "handshakes": e.detail.handshakes,
@@ -143,34 +145,6 @@ def activity_json(e: EngineSnapshot) -> dict[str, Any]:
         "waiting": None if counts is None else counts.waiting,
         "drained": e.drained if e.has_work is not None else None,
     }
-
-
-def routable_json(e: EngineSnapshot) -> dict[str, Any]:
-    """Whether a router should send ``e`` traffic, and why not (``fleetstate.activity``)."""
-    verdict = routability(e)
-    return {"routable": verdict.routable, "reasons": list(verdict.reasons)}
-
-
-def routable_document(snap: FleetSnapshot) -> dict[str, Any]:
-    """``GET /routable``: every expected rank's verdict from the last poll (cheap: no call)."""
-    engines = [{"engine": e.engine, **routable_json(e)} for e in snap.engines]
-    return {
-        "poll": snap.poll_number,
-        "taken_at_unix": snap.taken_at_unix or None,
-        "routable_engines": [e["engine"] for e in engines if e["routable"]],
-        "engines": engines,
-    }
-
-
-def engine_readiness(snap: FleetSnapshot, engine: str) -> tuple[int, dict[str, Any]]:
-    """``GET /readyz?engine=N``: 200 while rank ``engine`` is routable, 503 with the reasons,
-    404 for an engine this exporter does not know."""
-    found = next((e for e in snap.engines if e.engine == engine), None)
-    if found is None:
-        known = [e.engine for e in snap.engines]
-        return 404, {"error": f"no engine {engine[:64]!r} (known: {', '.join(known)})"}
-    body = {"engine": engine, "poll": snap.poll_number, **routable_json(found)}
-    return (200 if body["routable"] else 503), body
 
 
 def registration_json(detail: EngineDetail) -> dict[str, Any]:
@@ -213,6 +187,33 @@ def fleet_fault_tolerance_json(snap: FleetSnapshot) -> dict[str, Any]:
         "faulty_engines": faulty,
         "reported_engines": list(snap.fault_reported),
     }
+
+
+#: An operation's keys in each ``elastic_ep_operations`` entry (null while not known).
+ELASTIC_EP_KEYS = (
+    "phase",
+    "reported_phase",
+    "scaling",
+    "epoch",
+    "error",
+    "requested_data_parallel_size",
+)
+
+
+def elastic_ep_json(reads: tuple[ElasticEpRead, ...] | None) -> list[dict[str, Any]] | None:
+    """Each API server's elastic-EP operation (null where the attach mode has none to ask)."""
+    if reads is None:
+        return None
+    return [
+        {
+            "target": r.target,
+            **{key: getattr(r.operation, key, None) for key in ELASTIC_EP_KEYS},
+            "supported": r.supported,
+            "read_at_unix": r.read_at_unix,
+            "problem": r.problem,
+        }
+        for r in reads
+    ]
 
 
 def unexpected_json(
@@ -356,6 +357,7 @@ def status_steps(
         },
         "aggregate": aggregate,
         "fault_tolerance": fleet_fault_tolerance_json(snap),
+        "elastic_ep_operations": elastic_ep_json(snap.elastic_ep),
         "last_membership_event": last_membership_json(snap),
         "unexpected_engines": unexpected_json(unexpected or {}),
         "engines": engines,

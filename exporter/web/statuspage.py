@@ -130,6 +130,14 @@ def invariant_cell(i: dict[str, Any]) -> tuple[str, bool]:
     return outcome, outcome != "unsupported"
 
 
+def version_cell(e: dict[str, Any]) -> str:
+    """vLLM's version, and the Rust front end's when it is the one answering."""
+    text = str(e.get("vllm_version") or "-")
+    if e.get("front_end") == "rust":
+        text += f" (Rust front end {e.get('rust_frontend_version') or '?'})"
+    return text
+
+
 def fault_tolerance_cell(ft: dict[str, Any] | None) -> tuple[str, bool]:
     """(text, bad) of one engine's fault-tolerance status: ``-`` while never reported."""
     if not ft:
@@ -151,6 +159,46 @@ def activity_cell(a: dict[str, Any] | None) -> tuple[str, str]:
     return (f"{word} ({', '.join(counts)})" if counts else word), kind
 
 
+def elastic_ep_line(o: dict[str, Any]) -> tuple[str, str]:
+    """(text, kind) of one API server's elastic-EP operation; kind: its phase, or unknown."""
+    phase = o.get("phase")
+    if phase is None:
+        return str(o.get("problem") or "not read yet"), "unknown"
+    words = [f"other ({o.get('reported_phase')})" if phase == "other" else str(phase)]
+    if o.get("scaling"):
+        words.append("serving paused")
+    if o.get("requested_data_parallel_size") is not None:
+        words.append(f"to DP size {o['requested_data_parallel_size']}")
+    if o.get("epoch") is not None:
+        words.append(f"epoch {o['epoch']}")
+    if o.get("error"):
+        words.append(f"error: {o['error']}")
+    return ", ".join(words), str(phase)
+
+
+def elastic_ep_shown(ops: list[dict[str, Any]] | None) -> bool:
+    """Whether the page shows the servers' operations: one is under way, completed or failed,
+    or a server's status cannot be read; not while all are idle or have no such route."""
+    return any(
+        o.get("phase") not in (None, "idle")
+        or (o.get("phase") is None and o.get("supported", True) and o.get("problem"))
+        for o in ops or []
+    )
+
+
+def _elastic_ep(ops: list[dict[str, Any]] | None) -> str:
+    if not ops or not elastic_ep_shown(ops):
+        return ""
+    lines = []
+    for o in ops:
+        text, kind = elastic_ep_line(o)
+        lines.append(
+            f'<li class="ee-{escape(kind)}" data-target="{escape(str(o.get("target")))}">'
+            f"<strong>{escape(str(o.get('target')))}</strong>: {escape(text)}</li>"
+        )
+    return "".join(lines)
+
+
 def _engine_row(e: dict[str, Any]) -> str:
     up = bool(e["up"])
     cells = [
@@ -165,7 +213,7 @@ def _engine_row(e: dict[str, Any]) -> str:
         text, bad = invariant_cell(i)
         cells.append(f"<td{' class=bad' if bad else ''}>{escape(text)}</td>")
         error = error or i.get("error") or ""
-    cells.append(f"<td>{escape(str(e['vllm_version'] or '-'))}</td>")
+    cells.append(f"<td>{escape(version_cell(e))}</td>")
     text, bad = fault_tolerance_cell(e.get("fault_tolerance"))
     cells.append(f'<td class="ft{" bad" if bad else ""}">{escape(text)}</td>')
     text, kind = activity_cell(e.get("activity"))
@@ -280,6 +328,8 @@ def render_page(doc: dict[str, Any]) -> str:
         version=escape(str(doc["version"])),
         summary=summary,
         banners="".join(_banner(m, v) for m, v in doc["aggregate"].items()),
+        elastic_hidden="" if elastic_ep_shown(doc.get("elastic_ep_operations")) else " hidden",
+        elastic_ep=_elastic_ep(doc.get("elastic_ep_operations")),
         invariant_headers="".join(f"<th>{inv.method}</th>" for inv in INVARIANTS),
         engine_rows="".join(_engine_row(e) for e in doc["engines"]),
         last_action=_last_action(doc["last_action"], now),

@@ -5,7 +5,8 @@
 - ``wire``: the byte-exact wire vectors and loopback handshake addresses.
 - ``service``: a config and the real exporter (``create_app``) over real HTTP with in-process
   simulated engines (``Service``, ``Services``; ``RecordingSimEngine`` records every request
-  through the simulated engine's public ``on_request`` hook).
+  and every output frame through the simulated engine's public ``on_request`` and ``on_output``
+  hooks).
 - ``secure``: the service as ``serve`` starts it (TLS, basic auth) over simulated engines
   (``SecureFleets``), for clients of the secure listeners.
 - ``restart``: exporters restarted over the same engines and state file (``RestartRig``).

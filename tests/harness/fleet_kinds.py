@@ -87,7 +87,7 @@ WAIT_S = 10.0
 PLUGIN_CALL_TIMEOUT = "0.3"
 #: Paths a server answers that are not a utility call (the version and fault-status reads
 #: HTTP mode makes beside its calls).
-SIDE_PATHS = ("/version", "/fault_tolerance/status")
+SIDE_PATHS = ("/version", "/fault_tolerance/status", "/v1/fault_tolerance/status")
 KINDS = ("fake", "owner", "relay", "http", "http_plugin", "inprocess")
 #: Promises a kind may break today (``FleetKind.known_gaps``).
 ENGINE_STRINGS = "engine strings are cut where a reply is decoded"

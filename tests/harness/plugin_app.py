@@ -175,10 +175,22 @@ def add_fault_tolerance_route(app: FastAPI, engine_client: Any) -> None:
     """vLLM 0.33's own ``GET /fault_tolerance/status`` beside the plugin's routes: the front
     end's cached status of every rank it manages (``_engine_status``); 404 while fault
     tolerance is off (vLLM registers the route only with it on). ``fault_status_body``, when
-    set on ``app.state``, is answered instead (a hostile server)."""
+    set on ``app.state``, is answered instead (a hostile server); ``fault_status_under_v1``
+    serves it under ``/v1/`` only (vLLM's open PR #46370), 404 at the root."""
 
     @app.get("/fault_tolerance/status")
     async def fault_tolerance_status() -> Response:
+        if getattr(app.state, "fault_status_under_v1", False):
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return await answer()
+
+    @app.get("/v1/fault_tolerance/status")
+    async def fault_tolerance_status_v1() -> Response:
+        if not getattr(app.state, "fault_status_under_v1", False):
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return await answer()
+
+    async def answer() -> Response:
         hostile = getattr(app.state, "fault_status_body", None)
         if hostile is not None:
             return Response(hostile, media_type="application/json")

@@ -66,13 +66,20 @@ def make_config(engine_count: int, **overrides: Any) -> ServeConfig:
 
 class RecordingSimEngine(SimEngine):
     """A simulated engine that also remembers every utility call's method and arguments (through
-    its ``on_request`` hook; a hook given to the constructor still runs after the recording)."""
+    its ``on_request`` hook; a hook given to the constructor still runs after the recording)
+    and every output frame it sent (``sent``: (client_index, frame), through ``on_output``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.received: list[tuple[str, list[Any]]] = []
+        self.sent: list[tuple[int, bytes]] = []
         self._then = self.on_request
         self.on_request = self._record
+        self.on_output = lambda client_index, frame: self.sent.append((client_index, frame))
+
+    def sent_to(self, client_index: int) -> list[bytes]:
+        """The output frames sent to one client slot, in order."""
+        return [frame for slot, frame in self.sent if slot == client_index]
 
     def _record(
         self, client_index: int, call_id: int, method: str, args: list[Any]
@@ -330,9 +337,14 @@ class Services:
 
 @contextlib.asynccontextmanager
 async def relay_service(
-    options: SimOptions | None = None, engine_count: int = 2, **overrides: Any
+    options: SimOptions | None = None,
+    engine_count: int = 2,
+    *,
+    by_index: Mapping[int, SimOptions] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[tuple[Service, SimFrontend]]:
-    """A relay-mode ``Service`` beside a simulated stock front end, its engines up."""
+    """A relay-mode ``Service`` beside a simulated stock front end, its engines up
+    (``options`` and ``by_index`` as ``Service.start_engines`` takes them)."""
     upstream = f"tcp://127.0.0.1:{free_listen_port()}"
     frontend = SimFrontend(upstream, engine_count)
     await frontend.start(call_loop=False)
@@ -346,7 +358,7 @@ async def relay_service(
             **overrides,
         )
         svc = await services.serve(config, first_poll=False)
-        await svc.start_engines(options)
+        await svc.start_engines(options, by_index=by_index)
         await frontend.wait_connected(5.0)
         await svc.ready()
         yield svc, frontend

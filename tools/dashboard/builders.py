@@ -18,12 +18,16 @@ ENGINE_STATES = (
     ("unknown", 3, "orange"),
     ("hung", 4, "red"),  # connected, no answer for --hung-after (docs/activity.md)
 )
-#: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}).
+#: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}), every value
+#: of exporter.protocol.pushes.FT_STATE_VALUES, numbered as HTTP mode ranks them (worst last).
 FT_STATUSES = (
     ("healthy", 0, "green"),
-    ("unhealthy", 1, "orange"),
-    ("dead", 2, "red"),
-    ("unknown", 3, "purple"),  # not readable, or lost at a restart: never healthy
+    ("paused", 1, "blue"),  # vLLM PR #41438: held still while the fleet recovers
+    ("recovering", 2, "yellow"),  # vLLM PR #41438: being recovered
+    ("unhealthy", 3, "orange"),
+    ("other", 4, "dark-purple"),  # a status string the exporter does not know
+    ("unknown", 5, "purple"),  # not readable, or lost at a restart: never healthy
+    ("dead", 6, "red"),
 )
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 

@@ -200,8 +200,10 @@ def add_fleet_rows(L: Layout) -> None:
             "Fault tolerance per rank",
             "vLLM's fault-tolerance sentinel (--enable-fault-tolerance, vLLM 0.33+) per engine, "
             "from vllm_dp_engine_fault_tolerance_status: healthy, unhealthy (its busy loop "
-            "raised; it waits for POST /fault_tolerance/apply) or dead. Empty while no engine "
-            "reported (fault tolerance off, or relay mode). vLLM's /health stays 200 meanwhile.",
+            "raised; it waits for POST /fault_tolerance/apply) or dead; paused and recovering "
+            "(vLLM PR #41438); other (a status the exporter does not know, named in /status); "
+            "unknown (not readable, or lost). Empty while no engine reported (fault tolerance "
+            "off, or relay mode). vLLM's /health stays 200 meanwhile.",
             [target(ft_code, "engine {{engine}} ({{instance}})")],
             maps=mappings(FT_STATUSES),
             steps=[{"color": "text", "value": None}],

@@ -192,6 +192,12 @@ class EngineCoreClient:
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return self.transport.unexpected.seen
 
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        """No API server to ask: vLLM reports an operation's phase only on its HTTP route."""
+
+    def elastic_ep_operations(self) -> None:
+        return None
+
     async def start(self) -> None:
         self._closed = False
         try:
@@ -300,7 +306,10 @@ class EngineCoreClient:
     def on_output(self, engine_index: int, output: EngineOutput) -> bool:
         reply = output.utility
         if reply is None:
-            self._faults.record("non_utility_output", f"engine {engine_index}: not a utility reply")
+            if not output.notice:  # a notice (vLLM PR #51433's notifications) is no error
+                self._faults.record(
+                    "non_utility_output", f"engine {engine_index}: not a utility reply"
+                )
             return False
         if reply.call_id < 0:  # vLLM's reserved ids: a push, never a reply to us
             value = reply.value if reply.failure_message is None else None

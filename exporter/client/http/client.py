@@ -13,7 +13,8 @@ A 404 on a route other than the two oldest dev routes is "unsupported" (``UNSUPP
 
 A target's fault-tolerance status (vLLM 0.33 ``--enable-fault-tolerance``) is read beside each
 fan-out's ``is_sleeping`` (``exporter.client.http.fault``): the worst of its ranks, or each rank
-of a plugin-enabled target.
+of a plugin-enabled target. Each server's elastic-EP operation (``POST /is_scaling_elastic_ep``)
+is read once a poll, beside the utility reads and never on their path (``elastic_ep``).
 
 ``has_work`` and the running and waiting requests (``EngineDetail.requests``): vLLM has no route
 for ``EngineCore.has_work``, so a dev-routes target's comes from its ``GET /metrics``
@@ -62,6 +63,7 @@ from exporter.client.fleet import (
     stopping,
     timed_out,
 )
+from exporter.client.http.elastic_ep import ElasticEpReader
 from exporter.client.http.fault import FaultStatusReader
 from exporter.client.http.plugin_read import PluginReads
 from exporter.client.http.replies import interpret, read_activity
@@ -75,8 +77,14 @@ from exporter.client.http.routes import (
     route,
 )
 from exporter.client.http.target import HttpTarget as HttpTarget  # callers import it from here
-from exporter.client.http.target import PluginTargetState, TargetState, target_state
+from exporter.client.http.target import (
+    PluginTargetState,
+    TargetState,
+    front_end_of,
+    target_state,
+)
 from exporter.client.pushes import PushBook
+from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
 
@@ -110,6 +118,11 @@ class HttpFleetClient:
             self.pushes, self.faults, self._side_session, self._background
         )
         self._plugin = PluginReads(self._gate_request, self.pushes.drop)
+        self._elastic = ElasticEpReader(
+            [(t.label, t.url) for t in self.targets],
+            self._side_session,
+            self._background,
+        )
         self.retries = 0
         self._closed = False
 
@@ -126,6 +139,8 @@ class HttpFleetClient:
                 connected=s.connected,
                 address=s.target.url,
                 vllm_version=s.vllm_version,
+                front_end=s.front_end,
+                rust_frontend_version=s.rust_frontend_version,
                 fault_status=self.pushes.fault_status.get(label),
                 requests=counts,
             )
@@ -150,6 +165,14 @@ class HttpFleetClient:
 
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return {}
+
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        """Each server's ``POST /is_scaling_elastic_ep``, not awaited (``elastic_ep``)."""
+        if not self._closed and self._side is not None:
+            self._elastic.refresh(timeout_s, {s.target.label: s.connected for s in self._states})
+
+    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...]:
+        return self._elastic.reads()
 
     async def start(self) -> None:
         self._closed = False
@@ -316,6 +339,7 @@ class HttpFleetClient:
             if isinstance(data, dict) and isinstance(data.get("version"), str):
                 # The registration's rule for the same string (a label of every scrape).
                 state.vllm_version = bound_text(data["version"][:MAX_REGISTRATION_STRING])
+                state.front_end, state.rust_frontend_version = front_end_of(data)
         except (Retryable, aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError):
             log.debug("target %s: no vLLM version", state.target.label)
         finally:

@@ -1,4 +1,5 @@
-"""HTTP mode's fault-tolerance read: vLLM 0.33's ``GET /fault_tolerance/status`` per target.
+"""HTTP mode's fault-tolerance read: vLLM 0.33's ``GET /fault_tolerance/status`` per target, or
+``GET /v1/fault_tolerance/status`` where a later vLLM serves it (vLLM's open PR #46370).
 
 Asked beside each fan-out's ``is_sleeping`` (once per poll and per gate sample), through a
 connection pool of its own kept open from poll to poll, so the dev routes' pool stays theirs.
@@ -6,8 +7,10 @@ A plain target is one engine to the exporter and gets the worst of its ranks; a 
 target (URL ending in ``/dp``) is asked at its server's root, where vLLM serves the route, and
 each of its ranks gets its own status (``<target>/<rank>``, only the ranks its ``/dp/gate``
 named).
-A server without the route (404/405: fault tolerance off, or an older vLLM) is asked again
-after it was unreachable, or after ``FT_RECHECK_S``. An answer that cannot be read (another
+The route that answered last is asked first (per target); when it answers 404/405 the other
+is asked at once, and remembered if it answers. A server with neither (fault tolerance off, or
+an older vLLM) has no status and is asked again after it was unreachable, or after
+``FT_RECHECK_S``. An answer that cannot be read (another
 status, a 5xx, not JSON, a garbled entry) makes the ranks it covers ``unknown`` (never healthy,
 never the last status kept) and is counted (``BAD_FT_STATUS``). Nothing here raises into a
 poll.
@@ -26,26 +29,30 @@ import aiohttp
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.http.plugin import engine_label
 from exporter.client.http.replies import MAX_FT_ANSWER, fault_entries, worst_fault_status
-from exporter.client.http.routes import Retryable, Route, exchange
+from exporter.client.http.routes import Reply, Retryable, Route, exchange
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
 
 log = logging.getLogger("exporter.http")
 
-FT_ROUTE = Route("GET", "/fault_tolerance/status")
-#: A server that answered 404/405 there is asked again after this long (or a reconnection).
+FT_PATH = "/fault_tolerance/status"
+#: Where vLLM serves the route: at the root (0.33), under ``/v1/`` (PR #46370, if it lands).
+FT_ROUTES = (Route("GET", FT_PATH), Route("GET", "/v1" + FT_PATH))
+#: A server that answered 404/405 on both is asked again after this long (or a reconnection).
 FT_RECHECK_S = 300.0
 
 
 @dataclass(slots=True)
 class FaultRead:
     """One target's read: where vLLM serves the route, whether its ranks are engines of their
-    own, the request in flight, and when the server last said it has no such route."""
+    own, the request in flight, when the server last said it has neither route, and which
+    route (index into ``FT_ROUTES``) answered last."""
 
     label: str
     server_url: str
     per_rank: bool
     task: asyncio.Task[None] | None = None
     missing_at: float | None = None
+    route: int = 0
 
     def reconnected(self) -> None:
         """The server was unreachable: it may come back as another vLLM; ask again."""
@@ -83,21 +90,21 @@ class FaultStatusReader:
 
     async def _fetch(self, read: FaultRead, labels: list[str], timeout_s: float) -> None:
         try:
-            request = exchange(self._session(), read.server_url, FT_ROUTE, MAX_FT_ANSWER)
-            reply = await asyncio.wait_for(request, timeout_s)
+            reply = await asyncio.wait_for(self._ask(read), timeout_s)
         except (Retryable, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             # Unreachable or slow: not known now (a status kept from before could be stale).
             for label in labels if read.per_rank else [read.label]:
                 if label in self._pushes.fault_status:
                     self._pushes.set_unknown(label, f"not read: {type(exc).__name__}")
             return
-        if reply.status in (404, 405):
+        if reply is None:
             read.missing_at = time.monotonic()
             for label in labels:
                 self._pushes.forget(label)
             return
         if reply.status != 200:
-            self._unreadable(read, labels, f"HTTP {reply.status} from {FT_ROUTE.path}")
+            path = FT_ROUTES[read.route].path
+            self._unreadable(read, labels, f"HTTP {reply.status} from {path}")
             return
         try:
             ranks = fault_entries(reply.body)
@@ -114,6 +121,8 @@ class FaultStatusReader:
             if found is not None:
                 self._pushes.set_fault_status(read.label, *found)
             return
+        if labels == [read.label]:  # its gate has not named the ranks yet: nothing to match
+            return
         by_label = {engine_label(read.label, str(r.rank)): r for r in ranks}
         for label in labels:  # ranks the server's gate named: a hostile answer adds no engine
             rank_status = by_label.get(label)
@@ -122,6 +131,17 @@ class FaultStatusReader:
                 self._faults.record(BAD_FT_STATUS, f"target {read.label}: {label} not named")
             else:
                 self._pushes.record(label, rank_status, BAD_FT_STATUS)
+
+    async def _ask(self, read: FaultRead) -> Reply | None:
+        """The answer of the route ``read``'s server serves: the one that answered last first,
+        the other when it answers 404/405 (then remembered); None when neither exists."""
+        for index in (read.route, 1 - read.route):
+            route = FT_ROUTES[index]
+            reply = await exchange(self._session(), read.server_url, route, MAX_FT_ANSWER)
+            if reply.status not in (404, 405):
+                read.route = index
+                return reply
+        return None
 
     def _unreadable(self, read: FaultRead, labels: list[str], why: str) -> None:
         """An answer that cannot be read as a whole: no rank's status is known (fail closed:

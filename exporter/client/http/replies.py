@@ -46,7 +46,8 @@ from exporter.protocol.activity import (
     total_counts,
 )
 from exporter.protocol.pushes import (
-    FT_FAULTY,
+    FT_HEALTHY,
+    FT_OTHER,
     FT_UNKNOWN,
     MAX_FAULT_INFO,
     RankStatus,
@@ -343,7 +344,14 @@ def _snippet(body: bytes) -> str:
 MAX_FT_ANSWER = 1 << 20
 MAX_FT_RANKS = 1024
 #: Worst last: a server read as one engine reports its worst rank (unknown is never healthy).
-_FT_SEVERITY = {"healthy": 0, "unhealthy": 1, FT_UNKNOWN: 2, "dead": 3}
+#: ``paused`` (vLLM PR #41438: a rank held still, itself fine, while the fleet recovers) is the
+#: least bad, then ``recovering`` (on its way back); ``unhealthy`` waits for an operator's
+#: instruction; ``other`` (a status this exporter does not know) and ``unknown`` (one it could
+#: not read) may hide anything, so they outrank every known recoverable status; ``dead``, known
+#: beyond recovery in place, is the worst. Every value of ``FT_STATE_VALUES`` is ranked.
+#: (A status outside it, which ``read_rank_status`` never gives, ranks as ``unknown``.)
+_FT_WORST_LAST = (FT_HEALTHY, "paused", "recovering", "unhealthy", FT_OTHER, FT_UNKNOWN, "dead")
+_FT_SEVERITY = {status: rank for rank, status in enumerate(_FT_WORST_LAST)}
 
 
 def fault_entries(body: bytes) -> list[RankStatus]:
@@ -382,6 +390,7 @@ def worst_fault_status(ranks: list[RankStatus]) -> tuple[str, str | None] | None
     named."""
     if not ranks:
         return None
-    worst = max((r.status for r in ranks), key=_FT_SEVERITY.__getitem__)
-    faulty = [f"rank {r.rank}: {r.fault_info or r.status}" for r in ranks if r.status in FT_FAULTY]
+    unknown = _FT_SEVERITY[FT_UNKNOWN]
+    worst = max((r.status for r in ranks), key=lambda s: _FT_SEVERITY.get(s, unknown))
+    faulty = [f"rank {r.rank}: {r.fault_info or r.status}" for r in ranks if r.status != FT_HEALTHY]
     return worst, bound_text("; ".join(faulty), MAX_FAULT_INFO) if faulty else None

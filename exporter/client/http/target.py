@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
+from exporter.client.fleet import PYTHON_FRONT_END, RUST_FRONT_END
 from exporter.client.http.fault import FaultRead
 from exporter.client.http.plugin import (
     GateAnswer,
@@ -21,6 +23,20 @@ from exporter.client.http.plugin import (
     server_root,
 )
 from exporter.protocol.activity import RequestCounts
+from exporter.protocol.handshake import MAX_REGISTRATION_STRING
+from exporter.protocol.strings import bound_text
+
+
+def front_end_of(version_answer: dict[str, Any]) -> tuple[str, str | None]:
+    """Which front end answered ``GET /version`` (a map with a ``version`` string): the Rust
+    front end adds ``rust_frontend_version``; the Python API server does not. A value that is
+    not a string still says Rust (its version then unknown); it is cut like ``vllm_version``."""
+    if "rust_frontend_version" not in version_answer:
+        return PYTHON_FRONT_END, None
+    value = version_answer["rust_frontend_version"]
+    if not isinstance(value, str):
+        return RUST_FRONT_END, None
+    return RUST_FRONT_END, bound_text(value[:MAX_REGISTRATION_STRING])
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +61,9 @@ class TargetState:
     request_counts: RequestCounts | None = None
     #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
     vllm_version: str | None = None
+    #: ``python`` or ``rust`` (``GET /version`` names ``rust_frontend_version``), and that.
+    front_end: str | None = None
+    rust_frontend_version: str | None = None
     version_pending: bool = False
     #: ``GET /fault_tolerance/status`` (``fault``): the worst of the server's ranks.
     fault_read: FaultRead = field(init=False)

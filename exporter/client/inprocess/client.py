@@ -15,7 +15,9 @@ that, a call to that engine times out at once without being sent, so a hung engi
 vLLM's table without bound.
 
 Each engine's fault-tolerance status is the front end's own copy of its sentinel's pushes
-(vLLM 0.33's ``_engine_status``), read on every ``engine_details()``.
+(vLLM 0.33's ``_engine_status``), read on every ``engine_details()``. Its elastic-EP operation
+is what vLLM's own ``POST /is_scaling_elastic_ep`` would answer, read once a poll beside the
+utility calls (``exporter.client.inprocess.elastic_ep``).
 
 When an engine dies, vLLM's front end fails as a whole (``EngineDeadError`` on every call, and
 the API server exits); until then this client answers ``disconnected`` for every engine and
@@ -33,6 +35,7 @@ from typing import Any
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    PYTHON_FRONT_END,
     SHUTTING_DOWN,
     STOPPING,
     Capabilities,
@@ -44,8 +47,10 @@ from exporter.client.fleet import (
     stopping,
     timed_out,
 )
+from exporter.client.inprocess.elastic_ep import ElasticEpWatch
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
+from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.strings import bound_text, bound_value
 
 log = logging.getLogger("exporter.inprocess")
@@ -91,6 +96,8 @@ class InProcessFleetClient:
         self._details: dict[str, tuple[tuple[Any, ...], EngineDetail]] = {}
         #: Everything the last details were made of, compared whole first.
         self._whole: tuple[Any, ...] | None = None
+        #: This process's elastic-EP operation, read once a poll (``elastic_ep``).
+        self._elastic = ElasticEpWatch(core)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -128,6 +135,7 @@ class InProcessFleetClient:
                     connected=connected,
                     address=where,
                     vllm_version=self.core.vllm_version,
+                    front_end=PYTHON_FRONT_END,  # vLLM's own Python client, in its process
                     enable_sleep_mode=self.core.enable_sleep_mode,
                     handshakes=1,
                     kv_events=facts[1],
@@ -156,6 +164,13 @@ class InProcessFleetClient:
     def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
         return {}
 
+    def refresh_elastic_ep(self, timeout_s: float) -> None:
+        if not self._closed:
+            self._elastic.refresh(timeout_s)
+
+    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...]:
+        return self._elastic.reads()
+
     def _read_fault_statuses(self, ranks: list[int]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this
         client manages (dict lookups): a rank without an entry is forgotten, an unreadable
@@ -176,6 +191,7 @@ class InProcessFleetClient:
     async def close(self) -> None:
         """Cancel the calls still waiting (vLLM drops a late reply to a cancelled future)."""
         self._closed = True
+        self._elastic.close()
         for task in list(self._outstanding):
             task.cancel()
         self._outstanding.clear()

@@ -14,6 +14,8 @@ vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``
 * ``_engine_status`` (vLLM 0.33, optional): the front end's copy of the fault-tolerance
   sentinels' pushes, DP rank → ``{"id", "status", "fault_info"?}`` (``{}`` with fault tolerance
   off); what ``GET /fault_tolerance/status`` answers;
+* ``get_external_elastic_ep_status()`` (vLLM 0.33, optional; on the ``AsyncLLM``, else on this
+  client): the external elastic-EP operation's status map (None without external elastic EP);
 * ``lb_engines`` with ``engine_ranks_managed`` (optional): the DP coordinator's last published
   ``[waiting, running, kv_cache_usage]`` of each managed rank, what vLLM's front end routes by.
   Only live while the front end's subscription to the coordinator runs
@@ -28,9 +30,9 @@ line, which of these names a vLLM release lacks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from exporter.error import ConfigError, ProtocolError
 from exporter.protocol.activity import RequestCounts, read_lb_entry
@@ -53,6 +55,7 @@ KV_EVENTS_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_e
 #: DP ranks read from ``get_kv_event_sources`` at most (vLLM's ranks fit in two bytes).
 MAX_KV_EVENT_SOURCES = 0x10000
 ENGINE_STATUS = "_engine_status"
+ELASTIC_EP_STATUS = "get_external_elastic_ep_status"
 
 
 def engine_core_of(engine_client: Any) -> Any:
@@ -104,6 +107,10 @@ class VllmCore:
     #: The ``AsyncLLM`` that owns ``core``: what it records beside an engine call is kept in
     #: step (``after_fleet_call``). None: nothing to keep (a bare engine-core client).
     front_end: Any = field(default=None, repr=False)
+    #: vLLM's process-local elastic-EP flag (``get_scaling_elastic_ep`` of its API server's
+    #: middleware), found by the caller: what vLLM's route answers without external elastic
+    #: EP (``elastic_ep_status``). None: not in this process (never scaling here).
+    scaling_flag: Callable[[], Any] | None = field(default=None, repr=False)
 
     #: The last ``core_engines`` seen and the engines made of it (``engines``).
     _engines_of: tuple[tuple[Any, ...], list[tuple[str, bytes]]] = field(
@@ -221,6 +228,16 @@ class VllmCore:
                 if counts is not None:
                     found[rank] = counts
         return found
+
+    def elastic_ep_status(self) -> Callable[[], Awaitable[Any]] | None:
+        """``get_external_elastic_ep_status`` of the ``AsyncLLM`` (vLLM 0.33; of the
+        engine-core client without one): the external elastic-EP operation's status map, or
+        None without external elastic EP. None here: this vLLM has no such method."""
+        for owner in (self.front_end, self.core):
+            method = getattr(owner, ELASTIC_EP_STATUS, None) if owner is not None else None
+            if callable(method):
+                return cast("Callable[[], Awaitable[Any]]", method)
+        return None
 
     async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
         return await self.core._call_utility_async(method, *args, engine=identity)

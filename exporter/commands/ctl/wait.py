@@ -50,7 +50,7 @@ def add_wait_command(sub: Any) -> None:
     p.add_argument(
         "--healthy",
         action="store_true",
-        help="no rank reports an unhealthy, dead or unknown fault-tolerance status",
+        help="no rank reports a fault-tolerance status other than healthy",
     )
     work = p.add_mutually_exclusive_group()
     work.add_argument(

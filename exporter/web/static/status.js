@@ -76,6 +76,30 @@
         el("span", {"class": "detail"}, [detail(m, v)])]);
     });
   }
+  function known(v) { return v !== null && v !== undefined; }
+  function elasticLine(o) {
+    if (!known(o.phase)) { return [String(o.problem || "not read yet"), "unknown"]; }
+    var words = [o.phase === "other" ? "other (" + o.reported_phase + ")" : String(o.phase)];
+    if (o.scaling) { words.push("serving paused"); }
+    if (known(o.requested_data_parallel_size)) {
+      words.push("to DP size " + o.requested_data_parallel_size);
+    }
+    if (known(o.epoch)) { words.push("epoch " + o.epoch); }
+    if (o.error) { words.push("error: " + o.error); }
+    return [words.join(", "), String(o.phase)];
+  }
+  function elastic(doc) {
+    var ops = doc.elastic_ep_operations || [];
+    var shown = ops.some(function (o) {
+      return known(o.phase) ? o.phase !== "idle" : (o.supported !== false && !!o.problem);
+    });
+    document.getElementById("elastic-section").hidden = !shown;
+    return shown ? ops.map(function (o) {
+      var line = elasticLine(o);
+      return el("li", {"class": "ee-" + line[1], "data-target": String(o.target)},
+        [el("strong", {}, [String(o.target)]), ": " + line[0]]);
+    }) : [];
+  }
   function cell(i) {
     if (!i || i.outcome === null || i.outcome === undefined) { return ["-", false]; }
     if (i.outcome === "ok") { return [show(i.value), false]; }
@@ -109,7 +133,9 @@
       cells.push(el("td", c[1] ? {"class": "bad"} : {}, [c[0]]));
       error = error || i.error || "";
     });
-    cells.push(el("td", {}, [String(e.vllm_version || "-")]));
+    let version = String(e.vllm_version || "-");
+    if (e.front_end === "rust") version += ` (Rust front end ${e.rust_frontend_version || "?"})`;
+    cells.push(el("td", {}, [version]));
     var ft = ftCell(e.fault_tolerance);
     cells.push(el("td", {"class": "ft" + (ft[1] ? " bad" : "")}, [ft[0]]));
     var act = activityCell(e.activity);
@@ -209,6 +235,7 @@
     var now = doc.generated_unix;
     document.getElementById("summary").textContent = summary(doc);
     replace("banners", banners(doc));
+    replace("elastic-ep", elastic(doc));
     replace("engine-rows", doc.engines.map(engineRow));
     replace("last-action", lastAction(doc.last_action, now));
     replace("counters", counters(doc.counters));

@@ -314,6 +314,9 @@ async def test_metrics_and_status_shape_match_zmq_mode(
         "1",
     }
     zmq_status, http_status = await owner_exporter.status(), await http.status()
+    # Each API server's elastic-EP operation: HTTP mode asks each target, owner mode has none.
+    assert zmq_status.pop("elastic_ep_operations") is None
+    assert [o["target"] for o in http_status.pop("elastic_ep_operations")] == ["0", "1"]
     assert key_shape(http_status) == key_shape(zmq_status)
     assert http_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"
     assert zmq_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"

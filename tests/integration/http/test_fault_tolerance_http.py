@@ -1,6 +1,8 @@
 """HTTP mode learns each target's fault-tolerance status from vLLM 0.33's
-``GET /fault_tolerance/status``: the full exporter over simulated API servers on loopback, read
-back through ``/metrics``, ``/status`` and ``GET /gate?healthy=true``."""
+``GET /fault_tolerance/status`` (or ``/v1/fault_tolerance/status``, where vLLM's PR #46370 may
+move it): the full exporter over simulated API servers on loopback, read back through
+``/metrics``, ``/status`` and ``GET /gate?healthy=true``; the statuses of vLLM's PR #41438
+(``paused``, ``recovering``) and any other string (``other``) included."""
 
 from __future__ import annotations
 
@@ -21,17 +23,28 @@ from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.service import Service, ServiceFactory
 
 FT_PATH = "/fault_tolerance/status"
+V1_PATH = "/v1" + FT_PATH
 FT_FAMILY = "vllm_dp_engine_fault_tolerance_status"
 NAMES = ("first", "middle", "last")
 
 
 async def fleet(
-    start_api: StartApi, start_exporter: ServiceFactory, *, fault_tolerance: tuple[bool, ...]
+    start_api: StartApi,
+    start_exporter: ServiceFactory,
+    *,
+    fault_tolerance: tuple[bool, ...],
+    prefixes: tuple[str, ...] = (),
 ) -> tuple[list[ApiServer], Service]:
     """One API server of two engines per flag (fleet-wide DP ranks 0-1, 2-3, ...), named
-    ``NAMES``, and the exporter over them (a fresh gate sample on every request)."""
+    ``NAMES``, each serving the route under its ``prefixes`` entry (``""``: the root), and the
+    exporter over them (a fresh gate sample on every request)."""
     apis = [
-        await start_api(engines=2, story_offset=2 * i, fault_tolerance=on)
+        await start_api(
+            engines=2,
+            story_offset=2 * i,
+            fault_tolerance=on,
+            fault_tolerance_prefix=prefixes[i] if i < len(prefixes) else "",
+        )
         for i, on in enumerate(fault_tolerance)
     ]
     targets = [f"{name}={api.url}" for name, api in zip(NAMES, apis, strict=False)]
@@ -69,8 +82,8 @@ async def gate(ex: Service) -> tuple[int, Any]:
     return await ex.get_json("/gate?healthy=true")
 
 
-def ft_requests(api: ApiServer) -> int:
-    return [path for _, path, _ in api.sim.requests].count(FT_PATH)
+def ft_requests(api: ApiServer, path: str = FT_PATH) -> int:
+    return [p for _, p, _ in api.sim.requests].count(path)
 
 
 @pytest.mark.parametrize("position", [0, 1, 2], ids=NAMES)
@@ -170,7 +183,8 @@ HOSTILE = {
         {"engines": [{"id": "0", "status": "healthy"}, {"id": 1, "status": 3}]}
     ).encode(),
     "status_not_hashable": json.dumps({"engines": [{"id": 0, "status": ["dead"]}]}).encode(),
-    "unknown_status": json.dumps({"engines": [{"id": 0, "status": "recovering"}]}).encode(),
+    "status_as_a_map": json.dumps({"engines": [{"id": 0, "status": {"name": "dead"}}]}).encode(),
+    "no_status": json.dumps({"engines": [{"id": 0, "fault_info": "x"}]}).encode(),
     "healthy_beside_a_bad_entry": json.dumps(
         {"engines": [{"id": 0, "status": "healthy"}, {"id": True, "status": "healthy"}]}
     ).encode(),
@@ -271,3 +285,161 @@ async def test_route_asked_again_after_the_target_was_unreachable(
         assert (ft.status, ft.fault_info) == ("unhealthy", "rank 0: RuntimeError")
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=NAMES)
+async def test_statuses_beyond_0_33_at_each_position(
+    start_api: StartApi, start_exporter: ServiceFactory, position: int
+) -> None:
+    """vLLM PR #41438's ``recovering`` and ``paused`` are their own values, a status no vLLM
+    has is ``other`` (its string in ``fault_info``, not a label): each fails the gate naming
+    the target, none is counted as unreadable; ``healthy`` again opens the gate."""
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True, True))
+    client = ex.exporter.client
+    assert isinstance(client, HttpFleetClient)
+    name, rank = NAMES[position], 2 * position
+    for sent, shown, info in (
+        ("recovering", "recovering", f"rank {rank}: recovering"),
+        ("paused", "paused", f"rank {rank}: paused"),
+        ("zzz-new", "other", f"rank {rank}: status 'zzz-new'"),
+    ):
+        apis[position].sim.set_fault_status(0, sent)
+        status, body = await gate(ex)
+        assert (status, body["failing_engines"]) == (412, [name]), sent
+        [failing] = [e for e in body["engines"] if e["engine"] == name]
+        assert any(f"reports {shown} ({info})" in f for f in failing["failures"]), failing
+        await ex.fresh_poll()
+        state = await ft_state(ex)
+        assert state["series"][name] == one_hot(shown)
+        assert all(state["series"][n] == one_hot("healthy") for n in NAMES if n != name)
+        assert (state["entries"][name]["status"], state["entries"][name]["fault_info"]) == (
+            shown,
+            info,
+        )
+        assert state["faulty"] == 1 and state["fleet"]["faulty_engines"] == [name]
+    assert "zzz-new" not in await ex.metrics()
+    assert client.faults.counts.get(BAD_FT_STATUS, 0) == 0
+    apis[position].sim.set_fault_status(0, "healthy")
+    assert (await gate(ex))[0] == 200
+    await ex.fresh_poll()
+    assert (await ft_state(ex))["series"][name] == one_hot("healthy")
+
+
+async def test_a_server_with_the_route_under_v1_only(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    """A vLLM that serves ``/v1/fault_tolerance/status`` only (PR #46370): its ranks' statuses
+    are read (before, they had none and the gate passed them), the route that answered is
+    remembered (the root's 404 is asked once), and the worst rank wins as at the root."""
+    apis, ex = await fleet(
+        start_api,
+        start_exporter,
+        fault_tolerance=(True, True, True),
+        prefixes=("", "/v1", "/v1"),
+    )
+    state = await ft_state(ex)
+    assert state["series"] == {n: one_hot("healthy") for n in NAMES}
+    assert state["fleet"]["reported_engines"] == list(NAMES)
+    assert (await gate(ex))[0] == 200
+    apis[1].sim.set_fault_status(0, "paused")
+    apis[1].sim.set_fault_status(1, "unhealthy", "RuntimeError")
+    apis[2].sim.set_fault_status(1, "recovering")
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, ["middle", "last"])
+    await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"]["middle"] == one_hot("unhealthy")
+    assert state["entries"]["middle"]["fault_info"] == "rank 2: paused; rank 3: RuntimeError"
+    assert state["series"]["last"] == one_hot("recovering")
+    assert state["series"]["first"] == one_hot("healthy")
+    for api in apis[1:]:
+        assert ft_requests(api) == 1  # the root's 404, once
+        assert ft_requests(api, V1_PATH) == ft_requests(apis[0]) >= 3
+    assert ft_requests(apis[0], V1_PATH) == 0
+    apis[1].sim.set_fault_status(1, "healthy")
+    apis[1].sim.set_fault_status(0, "healthy")
+    apis[2].sim.set_fault_status(1, "healthy")
+    assert (await gate(ex))[0] == 200
+
+
+async def test_a_server_with_neither_route_has_no_status(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    """Fault tolerance off: both routes answer 404, once each; no series, the gate open."""
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(False, True))
+    for _ in range(3):
+        await ex.fresh_poll()
+    state = await ft_state(ex)
+    assert state["series"]["first"] == {} and state["entries"]["first"] is None
+    assert (ft_requests(apis[0]), ft_requests(apis[0], V1_PATH)) == (1, 1)
+    assert (await gate(ex))[0] == 200
+
+
+async def test_the_other_route_is_asked_when_the_remembered_one_answers_404(
+    clients: list[HttpFleetClient],
+) -> None:
+    """A server that served the route under ``/v1/`` comes back serving it at the root (and
+    the other way round): the remembered route's 404 sends the exporter to the other at once,
+    which is remembered from then on."""
+    runner, url = await start_api_server(
+        HOST, 0, engines=1, fault_tolerance=True, fault_tolerance_prefix="/v1"
+    )
+    port = int(url.rsplit(":", 1)[1])
+    client = HttpFleetClient(parse_targets([f"a={url}"]))
+    await client.start()
+    clients.append(client)
+    try:
+        sim_of(runner).set_fault_status(0, "recovering")
+        for _ in range(2):
+            await client.call_utility("is_sleeping", timeout_s=2)
+        paths = [p for _, p, _ in sim_of(runner).requests if "fault" in p]
+        assert paths == [FT_PATH, V1_PATH, V1_PATH]
+        ft = client.engine_details()[0].fault_status
+        assert ft is not None and ft.status == "recovering"
+    finally:
+        await runner.cleanup()
+    [gone] = await client.call_utility("is_sleeping", timeout_s=2)
+    assert not gone.ok
+    for prefix, asked in (("", [V1_PATH, FT_PATH, FT_PATH]), ("/v1", [FT_PATH, V1_PATH, V1_PATH])):
+        runner, _ = await start_api_server(
+            HOST, port, engines=1, fault_tolerance=True, fault_tolerance_prefix=prefix
+        )
+        try:
+            sim_of(runner).set_fault_status(0, "unhealthy", prefix or "root")
+            for _ in range(2):
+                [answer] = await client.call_utility("is_sleeping", timeout_s=2)
+                assert answer.ok
+            assert [p for _, p, _ in sim_of(runner).requests if "fault" in p] == asked
+            ft = client.engine_details()[0].fault_status
+            assert ft is not None
+            assert (ft.status, ft.fault_info) == ("unhealthy", f"rank 0: {prefix or 'root'}")
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_hostile_status_string_is_cut_and_never_a_label(
+    start_api: StartApi, start_exporter: ServiceFactory
+) -> None:
+    """10 KB of status with control characters: ``other``, the string cut and escaped in
+    ``fault_info``, no label of its own, not counted; /metrics stays small and parseable."""
+    apis, ex = await fleet(start_api, start_exporter, fault_tolerance=(True, True))
+    client = ex.exporter.client
+    assert isinstance(client, HttpFleetClient)
+    hostile = ('zzz\x00\x07\r\n"}\u202e\x1b[2J' + "q" * 40) * 200
+    assert len(hostile.encode()) > 10_000
+    apis[1].sim.set_fault_status(1, hostile)
+    await ex.fresh_poll()
+    state = await ft_state(ex)
+    entry = state["entries"]["middle"]
+    assert entry["status"] == "other" and state["series"]["middle"] == one_hot("other")
+    info = entry["fault_info"]
+    assert info.startswith("rank 3: status 'zzz\\x00\\x07\\r\\n")
+    assert CUT_MARKER in info and len(info.encode()) <= MAX_ENGINE_STRING
+    assert all(c.isprintable() for c in info)
+    text = await ex.metrics()
+    assert "zzz" not in text and len(text) < 100_000
+    statuses = {s.labels["status"] for s in parse_metrics(text)[FT_FAMILY].samples}
+    assert statuses == set(FT_STATE_VALUES)
+    assert client.faults.counts.get(BAD_FT_STATUS, 0) == 0
+    status, body = await gate(ex)
+    assert status == 412 and body["failing_engines"] == ["middle"] and len(json.dumps(body)) < 4096

@@ -226,7 +226,9 @@ async def test_retry_once_on_reset_pooled_connection(
     [o] = await client.call_utility("reset_prefix_cache", timeout_s=2)
     assert o.outcome is Outcome.OK and o.value is True
     assert client.retries == 1
-    assert a.sim.aborted == 1
+    # The reset's first try, on the pooled connection (side reads, such as the fault-tolerance
+    # status under its other route, may meet the same fate on their own connections).
+    assert a.sim.aborted_paths.count("/reset_prefix_cache") == 1
     assert [p for _, p, _ in a.sim.requests].count(
         "/reset_prefix_cache?reset_running_requests=false&reset_external=false"
     ) == 2

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from exporter.client.inprocess.client import InProcessFleetClient
+from exporter.protocol.pushes import FT_STATE_VALUES
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING
 from exporter.web.app import RunningService
 from tests.harness.inprocess import (
@@ -23,7 +24,7 @@ from tests.harness.inprocess import (
 from tests.harness.scrape import metric_value, parse_metrics
 
 FT_FAMILY = "vllm_dp_engine_fault_tolerance_status"
-STATUSES = ("healthy", "unhealthy", "dead")
+STATUSES = FT_STATE_VALUES
 ENGINES = ("0", "1", "2")
 
 
@@ -106,6 +107,47 @@ async def test_unhealthy_and_back_at_each_position(
     assert state["faulty"] == 0 and state["fleet"]["healthy"] is True
 
 
+@pytest.mark.parametrize("rank", [0, 1, 2], ids=["first", "middle", "last"])
+async def test_statuses_beyond_0_33_at_each_position(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters, rank: int
+) -> None:
+    """The front end's table holds vLLM PR #41438's ``recovering`` and ``paused`` and a status no
+    vLLM has: each its own value (``other`` for the unknown string, named in ``fault_info``),
+    the gate 412 naming the rank, nothing counted as unreadable; healthy again, 200."""
+    sim_vllm.core.enable_fault_tolerance()
+    service = await serve(sim_vllm, embedded)
+    label = str(rank)
+    for sent, shown, info in (
+        ("recovering", "recovering", None),
+        ("paused", "paused", None),
+        ("zzz-new", "other", "status 'zzz-new'"),
+    ):
+        sim_vllm.core.set_engine_status(rank, sent)
+        status, body = await get_json(service, "/gate?healthy=true")
+        assert (status, body["failing_engines"]) == (412, [label]), sent
+        [failing] = [e for e in body["engines"] if e["engine"] == label]
+        assert any(f"reports {shown}" in f for f in failing["failures"]), failing
+        await fresh_poll(service)
+        state = await ft_state(service)
+        assert state["series"][label] == one_hot(shown)
+        assert all(state["series"][e] == one_hot("healthy") for e in ENGINES if e != label)
+        assert (state["entries"][label]["status"], state["entries"][label]["fault_info"]) == (
+            shown,
+            info,
+        )
+        assert state["faulty"] == 1 and state["fleet"]["faulty_engines"] == [label]
+    async with http_session() as session, session.get(service.url + "/metrics") as resp:
+        text = await resp.text()
+    assert "zzz-new" not in text
+    bad = metric_value(
+        parse_metrics(text), "vllm_dp_protocol_errors_total", kind="bad_fault_tolerance_status"
+    )
+    assert not bad
+    sim_vllm.core.set_engine_status(rank, "healthy")
+    status, body = await get_json(service, "/gate?healthy=true")
+    assert (status, body["failing_engines"]) == (200, [])
+
+
 async def test_without_engine_status_the_gate_cannot_tell(
     sim_vllm: SimVllm, embedded: EmbeddedExporters
 ) -> None:
@@ -153,7 +195,7 @@ async def test_odd_entries_fail_closed(
     shown as its cut repr, the status kept."""
     sim = await sim_vllm_factory(7)
     hostile: dict[Any, Any] = {
-        0: {"id": 0, "status": "sick"},
+        0: {"id": 0, "status": 7},  # an integer code (PR #41438 renumbers them): no name
         6: {"id": 6, "status": ["dead"]},
         1: "garbage",
         2: {"id": 2, "status": "dead", "fault_info": 7},

@@ -192,6 +192,40 @@ async def test_each_rank_behind_a_plugin_server_has_its_own_fault_status(
         await service.stop()
 
 
+async def test_each_rank_behind_a_plugin_server_serving_the_route_under_v1(
+    plugin_apps: PluginApps,
+) -> None:
+    """A server that serves ``/v1/fault_tolerance/status`` only (vLLM's open PR #46370): each
+    rank still gets its own status, vLLM PR #41438's ``paused`` and ``recovering`` and an unknown
+    string (``other``) included, and the gate names every rank that is not healthy."""
+    app = await plugin_apps(3)
+    assert app.fleet is not None
+    app.app.state.fault_status_under_v1 = True
+    app.fleet.core.enable_fault_tolerance()
+    for rank, status in enumerate(("paused", "recovering", "zzz-new")):
+        app.fleet.core.set_engine_status(rank, status)
+    service = await sidecar(a=app.url)
+    expected = {"a/0": "paused", "a/1": "recovering", "a/2": "other"}
+    try:
+        await eventually(lambda: statuses(service) == expected, 10, "every rank's fault status")
+        # Readable statuses, none counted: not even the sidecar's first read, made before it
+        # followed the server's ranks (the target's own label is no rank to match).
+        await two_more_polls(service)
+        assert service.exporter.faults.counts.get("bad_fault_tolerance_status", 0) == 0
+        entries, series, (status, body) = await fault_view(service)
+        assert entries["a/2"]["fault_info"] == "status 'zzz-new'"
+        assert all(series[f"{label}:{want}"] == 1.0 for label, want in expected.items())
+        assert status == 412 and body["failing_engines"] == list(expected), body
+        for rank in range(3):
+            app.fleet.core.set_engine_status(rank, "healthy")
+        await eventually(
+            lambda: set(statuses(service).values()) == {"healthy"}, 10, "every rank healthy"
+        )
+        await gate_opens(service)
+    finally:
+        await service.stop()
+
+
 async def two_more_polls(service: RunningService) -> None:
     poller = service.exporter.poller
     target = poller.snapshot.poll_number + 2

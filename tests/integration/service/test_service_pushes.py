@@ -62,6 +62,14 @@ async def ft(svc: Service, index: int, status: str, info: str | None = None) -> 
     await push(svc, index, FT_STATUS_CALL_ID, encode_ft_status_value(index, status, info))
 
 
+async def sentinel(svc: Service, index: int, status: str, info: str | None = None) -> None:
+    """Engine ``index``'s own sentinel push (``SimEngine.push_fault_status``), read and polled."""
+    before = total_pushes(svc)
+    await svc.engines[index].push_fault_status(status, info)
+    await eventually(lambda: total_pushes(svc) > before, what="the push read")
+    await svc.fresh_poll()
+
+
 def ft_series(m: Families) -> dict[str, str]:
     """engine → the status its state set says (exactly one series at 1 per engine)."""
     found: dict[str, list[str]] = {}
@@ -158,7 +166,9 @@ BAD_PUSHES = {
 #: unknown from then on (fail closed), never the last one kept, never healthy.
 UNREADABLE_PUSHES = {
     "not_a_map": ["dead"],
-    "unknown_status": {"id": 1, "status": "exploded"},
+    "status_as_a_number": {"id": 1, "status": 3},  # PR #41438 renumbers the codes: no name
+    "status_as_a_map": {"id": 1, "status": {"name": "dead"}},
+    "no_status": {"id": 1, "fault_info": "RuntimeError"},
     "id_as_bool": {"id": True, "status": "dead"},
     "id_as_text": {"id": "1", "status": "dead"},
     "status_nested_500_deep": {"id": 1, "status": nested(500)},
@@ -207,6 +217,63 @@ async def test_an_unreadable_status_push_makes_the_engine_unknown(
     assert "unknown" in str(body["engines"][1]["failures"])
     await ft(fleet, 1, "healthy")  # a readable status again: healthy again
     assert (await gate(fleet))[0] == 200
+
+
+@pytest.mark.parametrize("position", POSITIONS.values(), ids=POSITIONS.keys())
+async def test_statuses_beyond_0_33_are_their_own_values(
+    fleet_factory: ServiceFactory, position: int
+) -> None:
+    """The simulated engine pushes vLLM PR #41438's ``recovering`` and ``paused`` and a status no
+    vLLM has: each shows as its own value (the unknown string as ``other``, named in
+    ``fault_info``, never a label), fails ``/gate?healthy=true`` naming the engine, and is no
+    protocol error; ``healthy`` again opens the gate."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    me = str(position)
+    for sent, shown, info in (
+        ("recovering", "recovering", None),
+        ("paused", "paused", "held by the sentinel"),
+        ("zzz-new", "other", "status 'zzz-new'"),
+    ):
+        await sentinel(fleet, position, sent, info if sent == "paused" else None)
+        m = await fleet.scrape()
+        assert ft_series(m) == {me: shown} and metric_value(m, FAULTY) == 1.0
+        doc = await status(fleet)
+        mine = doc["engines"][position]["fault_tolerance"]
+        assert (mine["status"], mine["fault_info"]) == (shown, info)
+        assert doc["fault_tolerance"]["healthy"] is False
+        assert doc["fault_tolerance"]["faulty_engines"] == [me]
+        code, body = await gate(fleet)
+        assert code == 412 and body["failing_engines"] == [me], body
+        (failure,) = next(e for e in body["engines"] if e["engine"] == me)["failures"]
+        assert f"reports {shown}" in failure
+    assert "zzz-new" not in await fleet.metrics()
+    await ft(fleet, position, "healthy")
+    m = await fleet.scrape()
+    assert ft_series(m) == {me: "healthy"} and metric_value(m, FAULTY) == 0.0
+    assert (await gate(fleet))[0] == 200
+    assert metric_value(m, PUSHES, engine=me, kind="fault_tolerance_status") == 4.0
+    assert push_errors(fleet) == {}  # readable statuses: no bad_push
+
+
+async def test_a_hostile_status_string_is_cut_and_never_a_label(
+    fleet_factory: ServiceFactory,
+) -> None:
+    """A 10 KB status of control characters: ``other``, shown cut and escaped, not counted."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    hostile = ("\x00\x1b[31m\r\n\u2028" + "z" * 50) * 200
+    assert len(hostile.encode()) > 10_000
+    await push(fleet, 1, FT_STATUS_CALL_ID, {"id": 1, "status": hostile, "fault_info": "E"})
+    info = (await status(fleet))["engines"][1]["fault_tolerance"]["fault_info"]
+    assert info.startswith("status '\\x00\\x1b[31m\\r\\n\\u2028zzz")
+    assert is_cut(info.split("'")[1])
+    assert info.endswith("': E") and len(info.encode()) <= MAX_FAULT_INFO
+    assert all(c.isprintable() for c in info)
+    text = await fleet.metrics()
+    assert "zzz" not in text and len(text) < 100_000
+    assert ft_series(await fleet.scrape()) == {"1": "other"}
+    assert push_errors(fleet) == {}
+    code, body = await gate(fleet)
+    assert code == 412 and body["failing_engines"] == ["1"] and len(str(body)) < 10_000
 
 
 @pytest.mark.parametrize("position", POSITIONS.values(), ids=POSITIONS.keys())

@@ -50,6 +50,9 @@ async def registrations(svc: Service) -> list[dict[str, Any]]:
 def full_info(index: int, version: str = "0.33.0") -> dict[str, str]:
     return {
         "vllm_version": version,
+        # Owner mode reads the engines with no API server in the way.
+        "front_end": "unknown",
+        "rust_frontend_version": "unknown",
         "enable_sleep_mode": "true",
         "data_parallel_rank": str(index),
         "tensor_parallel_size": "1",

@@ -127,13 +127,14 @@ def test_dashboard_metrics_are_in_catalog():
 
 def test_dashboard_covers_every_state_value():
     from exporter.metrics.catalog import ENGINE_STATES, FLEET_STATES
+    from exporter.protocol.pushes import FT_STATE_VALUES
 
     panels = _panels()
 
-    def covered(metric: str, state: str) -> bool:
+    def covered(metric: str, state: str, label: str = "state") -> bool:
         for p in panels:
             exprs = " ".join(t["expr"] for t in p.get("targets", []))
-            if metric not in exprs or f'state="{state}"' not in exprs:
+            if metric not in exprs or f'{label}="{state}"' not in exprs:
                 continue
             texts = {
                 opt["text"]
@@ -148,6 +149,9 @@ def test_dashboard_covers_every_state_value():
         assert covered("vllm_dp_fleet_state", state), f"fleet state {state} not shown"
     for state in ENGINE_STATES:
         assert covered("vllm_dp_engine_state", state), f"engine state {state} not shown"
+    for status in FT_STATE_VALUES:  # paused, recovering and other included
+        ft = "vllm_dp_engine_fault_tolerance_status"
+        assert covered(ft, status, "status"), f"fault-tolerance status {status} not shown"
 
 
 def test_latency_quantiles_by_method():

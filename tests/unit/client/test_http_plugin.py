@@ -19,7 +19,7 @@ from exporter.client.http.plugin import (
 )
 from exporter.client.http.replies import fault_entries, worst_fault_status
 from exporter.fleetstate.invariants import is_unsupported
-from exporter.protocol.pushes import RankStatus
+from exporter.protocol.pushes import FT_STATE_VALUES, RankStatus
 from exporter.protocol.strings import MAX_ENGINE_STRING
 
 
@@ -166,3 +166,25 @@ def test_fault_entries_are_per_rank_and_the_worst_is_the_server_s() -> None:
     twice = {"engines": [{"id": 0, "status": "healthy"}, {"id": 0, "status": "dead"}]}
     with pytest.raises(ValueError, match="twice"):
         fault_entries(json.dumps(twice).encode())
+
+
+#: Worst last, as a server read as one engine reports its ranks (replies._FT_SEVERITY).
+FT_ORDER = ("healthy", "paused", "recovering", "unhealthy", "other", "unknown", "dead")
+
+
+def test_the_worst_of_every_pair_of_statuses_wins() -> None:
+    """Every value of the state set is ranked: a server with two ranks is the worse of them,
+    ``fault_info`` naming each rank that is not healthy (an ``other`` rank's own string)."""
+    assert set(FT_ORDER) == set(FT_STATE_VALUES)
+    sent: dict[str, object] = {s: s if s != "other" else "zzz-new" for s in FT_ORDER}
+    sent["unknown"] = 7  # no string: unreadable
+    for i, better in enumerate(FT_ORDER):
+        for worse in FT_ORDER[i:]:
+            entries = [{"id": 0, "status": sent[better]}, {"id": 1, "status": sent[worse]}]
+            ranks = fault_entries(json.dumps({"engines": entries}).encode())
+            found = worst_fault_status(ranks)
+            assert found is not None and found[0] == worse, (better, worse)
+    mixed = [{"id": 0, "status": "paused"}, {"id": 1, "status": "zzz-new"}]
+    ranks = fault_entries(json.dumps({"engines": mixed}).encode())
+    assert [r.problem for r in ranks] == [None, None]
+    assert worst_fault_status(ranks) == ("other", "rank 0: paused; rank 1: status 'zzz-new'")

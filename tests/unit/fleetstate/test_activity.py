@@ -35,6 +35,9 @@ def test_each_reason_a_rank_should_not_take_traffic() -> None:
         engine_snapshot("0", is_sleeping=timeout), hung=True, unresponsive_s=42.4
     )
     assert routability(hung).reasons[0] == "hung: no answer for 42 s"
+    disagree = EngineOutcome("rs", Outcome.INCONSISTENT, values=(False, True), error="...")
+    split = routability(engine_snapshot("rs", is_sleeping=disagree))
+    assert not split.routable and split.reasons == ("its ranks disagree (inconsistent)",)
     gone = engine_snapshot("0", EngineDetail("0", False, "x"), is_sleeping=timeout)
     assert routability(gone).reasons[0] == "disconnected"
 

@@ -58,8 +58,8 @@ def test_sample_names_follow_the_kind() -> None:
     assert sample_names(gauge) == ("vllm_dp_z",)
 
 
-def test_every_info_label_is_a_registration_fact_and_no_per_start_one() -> None:
-    assert set(INFO_FACTS) <= set(REGISTRATION_KEYS)
+def test_every_info_label_is_a_registration_fact_or_the_front_end_and_no_per_start_one() -> None:
+    assert set(INFO_FACTS) <= {*REGISTRATION_KEYS, "front_end", "rust_frontend_version"}
     assert "instance_id" not in INFO_FACTS
     assert BY_NAME["vllm_dp_engine_info"].labels == ("engine", *INFO_FACTS)
 

@@ -86,6 +86,9 @@ def test_the_fault_tolerance_series_appear_only_once_an_engine_reported() -> Non
         ("1", "healthy"): 0.0,
         ("1", "unhealthy"): 0.0,
         ("1", "dead"): 1.0,
+        ("1", "paused"): 0.0,
+        ("1", "recovering"): 0.0,
+        ("1", "other"): 0.0,
         ("1", "unknown"): 0.0,
     }
     assert rows(fams, "vllm_dp_fault_tolerance_faulty_engines") == {(): 1.0}

@@ -11,8 +11,13 @@ import pytest
 
 from exporter.error import ProtocolError
 from exporter.protocol.pushes import (
+    FT_FAULTY,
+    FT_OTHER,
     FT_STATE_VALUES,
+    FT_STATUSES,
     FT_UNKNOWN,
+    MAX_FAULT_INFO,
+    MAX_OTHER_STATUS,
     FaultStatus,
     decode_eep_notification,
     decode_ft_status,
@@ -20,6 +25,7 @@ from exporter.protocol.pushes import (
     entry_rank,
     read_rank_status,
 )
+from exporter.protocol.strings import CUT_MARKER
 
 
 @pytest.mark.parametrize(
@@ -58,14 +64,56 @@ def test_a_failed_recovery_is_shown_even_without_fault_info() -> None:
     assert read_rank_status({"status": "dead", "ft_error": ""}, 1).fault_info is None
 
 
-def test_an_unknown_status_is_named_briefly_in_the_problem() -> None:
-    read = read_rank_status({"status": "s" * 10_000}, 0)
+def test_a_status_that_is_no_string_is_named_briefly_in_the_problem() -> None:
+    read = read_rank_status({"status": ["s" * 10_000]}, 0)
     assert read.status == FT_UNKNOWN and read.problem is not None
-    assert read.problem.startswith("unknown fault-tolerance status 'sss")
-    assert len(read.problem) < 80
-    assert (
-        read_rank_status({"status": None}, 0).problem == "unknown fault-tolerance status NoneType"
-    )
+    assert read.problem == "fault-tolerance status is not text but list"
+    missing = read_rank_status({}, 0)
+    assert missing.problem == "fault-tolerance status is not text but NoneType"
+    assert missing.fault_info == f"unreadable status: {missing.problem}"
+    assert read_rank_status({"status": 2}, 0).status == FT_UNKNOWN  # PR #41438's codes: no name
+
+
+@pytest.mark.parametrize("status", ["healthy", "unhealthy", "dead", "paused", "recovering"])
+def test_every_status_vllm_names_is_its_own_value(status: str) -> None:
+    read = read_rank_status({"id": 3, "status": status, "fault_info": "f"}, 3)
+    assert (read.status, read.fault_info, read.problem) == (status, "f", None)
+
+
+def test_any_other_status_string_is_other_named_in_fault_info() -> None:
+    read = read_rank_status({"status": "zzz-new", "fault_info": "E"}, 0)
+    assert (read.status, read.fault_info, read.problem) == (FT_OTHER, "status 'zzz-new': E", None)
+    failed = read_rank_status({"status": "draining", "ft_error": "boom"}, 0)
+    assert failed.fault_info == "status 'draining', recovery failed: boom"
+
+
+def test_a_hostile_status_string_is_cut_escaped_and_never_a_value() -> None:
+    """10 KB of text with control characters and a lone surrogate: ``other``, shown in
+    ``fault_info`` cut to a few dozen bytes, every control character escaped."""
+    hostile = ("\x00\x1b[31m\r\n\ud800" + "s" * 20) * 400
+    assert len(hostile) > 10_000
+    read = read_rank_status({"status": hostile, "fault_info": "x" * 10_000}, 0)
+    assert read.status == FT_OTHER and read.problem is None
+    info = read.fault_info
+    assert info is not None and info.startswith("status '\\x00\\x1b[31m\\r\\n")
+    assert len(info.encode()) <= MAX_FAULT_INFO
+    assert all(c.isprintable() for c in info)
+    named = info.split("': ", 1)[0]
+    assert CUT_MARKER in named and len(named.encode()) <= 2 * MAX_OTHER_STATUS + len("status ")
+    other = read_rank_status({"status": hostile[:-1]}, 0).fault_info
+    assert other is not None and other != info  # the marker's digest tells them apart
+
+
+def test_new_statuses_are_sent_as_given() -> None:
+    assert encode_ft_status_value(1, "paused") == {"id": 1, "status": "paused"}
+    assert encode_ft_status_value(1, "recovering", "retry") == {
+        "id": 1,
+        "status": "recovering",
+        "fault_info": "retry",
+    }
+    assert encode_ft_status_value(1, "dead", "x") == {"id": 1, "status": "dead"}  # as vLLM 0.33
+    assert set(FT_STATE_VALUES) == {*FT_STATUSES, FT_OTHER, FT_UNKNOWN}
+    assert set(FT_STATE_VALUES) - {"healthy"} == FT_FAULTY
 
 
 def test_an_elastic_ep_rank_must_be_an_integer_not_a_boolean() -> None:

@@ -75,8 +75,9 @@ def test_the_one_rule_keeps_the_status_whatever_fault_info_is() -> None:
         [0, "healthy"],
         {"id": True, "status": "healthy"},
         {"id": "0", "status": "healthy"},
-        {"id": 0, "status": "HEALTHY"},
-        {"id": 0, "status": "recovering"},
+        {"id": 0, "status": 0},
+        {"id": 0, "status": {"name": "healthy"}},
+        {"id": 0, "status": None},
         {"id": 0},
     ],
 )
@@ -125,6 +126,32 @@ def test_the_push_book_keeps_since_until_the_status_changes() -> None:
     assert "1" not in book.fault_status and "1" not in book.membership
 
 
+@pytest.mark.parametrize(
+    ("sent", "recorded", "info"),
+    [
+        ("paused", "paused", None),
+        ("recovering", "recovering", None),
+        ("zzz-new", "other", "status 'zzz-new'"),
+        ("HEALTHY", "other", "status 'HEALTHY'"),  # only vLLM's exact name is healthy
+        ("", "other", "status ''"),
+    ],
+)
+def test_a_readable_status_beyond_0_33_is_recorded_and_not_counted(
+    sent: str, recorded: str, info: str | None
+) -> None:
+    """vLLM PR #41438's statuses are their own values, any other string is ``other``: readable,
+    so never a ``bad_push``; faulty all the same (only healthy is healthy)."""
+    faults = ProtocolErrorTally()
+    book = PushBook(faults)
+    assert book.on_push("1", 1, FT_STATUS_CALL_ID, encode_ft_status_value(1, "healthy"))
+    assert book.on_push("1", 1, FT_STATUS_CALL_ID, {"id": 1, "status": sent})
+    kept = book.fault_status["1"]
+    assert (kept.status, kept.fault_info, kept.faulty) == (recorded, info, True)
+    assert faults.counts == {}
+    book.on_push("1", 1, FT_STATUS_CALL_ID, {"id": 1, "status": 2})  # no string: unreadable
+    assert book.fault_status["1"].status == FT_UNKNOWN and faults.counts == {"bad_push": 1}
+
+
 # -- registration ---------------------------------------------------------------------------
 
 
@@ -146,10 +173,13 @@ def test_registration_facts_of_every_version() -> None:
 
 def test_info_labels_say_unknown_for_what_an_engine_did_not_send() -> None:
     old = EngineDetail("0", True, "a", registration=(("max_model_len", 4096),))
-    assert info_labels(old) == ("unknown",) * 6
+    assert info_labels(old) == ("unknown",) * 8
     new = decode_registration(encode_registration(registration_map(1, enable_sleep_mode=False)))
     detail = EngineDetail("1", True, "a", vllm_version="0.33.0", registration=new.facts)
-    assert info_labels(detail) == ("0.33.0", "false", "1", "1", "1", "bfloat16")
+    no_front_end = ("unknown", "unknown")  # owner mode: no API server in the way
+    assert info_labels(detail) == ("0.33.0", *no_front_end, "false", "1", "1", "1", "bfloat16")
+    rust = EngineDetail("2", True, "a", "0.33.0", front_end="rust", rust_frontend_version="0.33.0")
+    assert info_labels(rust)[:3] == ("0.33.0", "rust", "0.33.0")
 
 
 # -- verdicts -------------------------------------------------------------------------------

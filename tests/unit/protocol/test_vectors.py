@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from exporter.error import ProtocolError
@@ -23,6 +24,7 @@ from exporter.protocol import (
     identity_engine_index,
     registration_map,
 )
+from exporter.protocol.utility import custom_notification, encode_notifications_output
 
 TS = 12345.5
 
@@ -92,6 +94,86 @@ def test_replies_reproduce_vectors(vectors: dict[str, bytes], name: str) -> None
     assert out.utility is not None and out.utility.call_id == call_id
     assert out.utility.failure_message == spec.get("failure_message")
     assert out.utility.value == spec.get("value")  # type_info ignored
+
+
+#: vLLM PR #51433 (not in 0.33): ``EngineCoreOutputs.engine_notifications``, position 9, as an
+#: engine with it sends every output (nil when it has nothing to say).
+NOTIFICATION = custom_notification("my_loader", {"rank": 1, "gbps": 12.5})
+NOTIFICATIONS: dict[str, Any] = {
+    "eco_utility_true_e1_notifications_nil": None,
+    "eco_utility_true_e1_notifications_empty": [],
+    "eco_utility_true_e1_notifications_custom": [NOTIFICATION],
+}
+
+
+class _PrCustomNotification(msgspec.Struct, tag="custom", omit_defaults=True):
+    """PR #51433's ``vllm/v1/notifications.py::CustomNotification``, field for field."""
+
+    key: str
+    payload: dict[str, Any] = {}
+
+
+class _PrEngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    """vLLM 0.33's ``EngineCoreOutputs`` with PR #51433's appended field."""
+
+    engine_index: int = 0
+    outputs: list[Any] = []
+    scheduler_stats: Any = None
+    timestamp: float = 0.0
+    utility_output: Any = None
+    finished_requests: Any = None
+    wave_complete: Any = None
+    start_wave: Any = None
+    weight_version: Any = None
+    engine_notifications: list[_PrCustomNotification] | None = None
+
+
+@pytest.mark.parametrize("name", sorted(NOTIFICATIONS))
+def test_replies_with_the_trailing_engine_notifications_field(
+    vectors: dict[str, bytes], name: str
+) -> None:
+    """10 positions decode as the 9 of vLLM 0.33 do: the trailing field is skipped unread."""
+    notifications = NOTIFICATIONS[name]
+    frame = encode_utility_reply(1, 7, value=True, timestamp=TS, engine_notifications=notifications)
+    assert frame == vectors[name]
+    assert frame[0] == 0x9A and frame[1:-1].startswith(vectors["eco_utility_true_e1"][1:])
+    assert decode_engine_outputs(frame) == decode_engine_outputs(vectors["eco_utility_true_e1"])
+    assert not decode_engine_outputs(frame).notice
+    # What an engine with the PR encodes (its struct, its tagged, map-encoded notification).
+    pr = msgspec.msgpack.decode(frame, type=_PrEngineCoreOutputs)
+    assert msgspec.msgpack.encode(pr) == frame
+    assert msgspec.to_builtins(pr.engine_notifications) == notifications
+    assert pr.utility_output == [7, None, [None, True]]
+
+
+def test_an_output_with_only_engine_notifications_is_a_notice(vectors: dict[str, bytes]) -> None:
+    """No reply, and nothing the exporter counts as an error (``EngineOutput.notice``)."""
+    frame = vectors["eco_notifications_only_e1"]
+    pr = _PrEngineCoreOutputs(
+        engine_index=1,
+        timestamp=TS,
+        engine_notifications=[_PrCustomNotification("my_loader", {"rank": 1, "gbps": 12.5})],
+    )
+    assert msgspec.msgpack.encode(pr) == frame
+    assert encode_notifications_output(1, [NOTIFICATION], timestamp=TS) == frame
+    out = decode_engine_outputs(frame)
+    assert (out.engine_index, out.utility, out.notice) == (1, None, True)
+
+
+def test_a_custom_notification_leaves_out_an_empty_payload() -> None:
+    """As the PR's ``omit_defaults`` struct encodes it."""
+    assert custom_notification("k") == {"type": "custom", "key": "k"}
+    assert custom_notification("k", {}) == msgspec.to_builtins(_PrCustomNotification("k"))
+    assert msgspec.msgpack.encode([custom_notification("k", {"a": 1})]) == msgspec.msgpack.encode(
+        [_PrCustomNotification("k", {"a": 1})]
+    )
+
+
+def test_the_trailing_field_is_absent_unless_given() -> None:
+    assert len(msgspec.msgpack.decode(encode_utility_reply(0, 1, value=1))) == 9
+    for notifications in (None, [], [NOTIFICATION], "anything"):
+        reply = encode_utility_reply(0, 1, value=1, engine_notifications=notifications)
+        assert msgspec.msgpack.decode(reply)[9:] == [notifications]
 
 
 def test_handshake_vectors(vectors: dict[str, bytes]) -> None:

@@ -14,7 +14,7 @@ from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.snapshot import empty_snapshot
 from exporter.metrics.stats import Stats
 from exporter.protocol.activity import RequestCounts
-from exporter.protocol.pushes import FaultStatus, MembershipEvent
+from exporter.protocol.pushes import FT_STATE_VALUES, FaultStatus, MembershipEvent
 from exporter.web.statusdoc import (
     FT_NOT_AVAILABLE,
     OUTCOMES,
@@ -54,6 +54,21 @@ def test_a_mode_that_cannot_know_fault_statuses_is_never_shown_healthy() -> None
         "faulty_engines": ["0"],
         "reported_engines": ["0", "1"],
     }
+
+
+def test_every_fault_tolerance_value_is_in_the_schema_and_only_healthy_is_healthy() -> None:
+    """paused, recovering (vLLM PR #41438), other and unknown: each valid in /status, each
+    faulty in the fleet verdict."""
+    snaps = [
+        engine_snapshot(str(i), detail(str(i), fault_status=FaultStatus(s, None, 1.0)))
+        for i, s in enumerate(FT_STATE_VALUES)
+    ]
+    doc = status_json(polled(*snaps), CONFIG, now=60.0)
+    validate_status(doc)
+    assert [e["fault_tolerance"]["status"] for e in doc["engines"]] == list(FT_STATE_VALUES)
+    assert doc["fault_tolerance"]["faulty_engines"] == [
+        str(i) for i, s in enumerate(FT_STATE_VALUES) if s != "healthy"
+    ]
 
 
 def test_the_latest_membership_event_of_any_engine_is_the_fleets() -> None:
