@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -150,6 +151,9 @@ class SimEngineCore:
         #: rank; live only once ``start_coordinator`` runs (as vLLM's internal balancing).
         self.engine_ranks_managed = list(ranks)
         self.lb_engines: list[list[int | float]] = [[0, 0, 0.0] for _ in ranks]
+        #: vLLM's "exact per-engine count of this client's unfinished requests" (by engine
+        #: identity; ``DPLBAsyncMPClient.engine_inflight``, vLLM 0.30-0.33).
+        self.engine_inflight: Counter[bytes] = Counter()
         if fault_tolerance:
             self.enable_fault_tolerance()
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from exporter.error import ConfigError, ProtocolError
-from exporter.protocol.activity import RequestCounts, read_lb_entry
+from exporter.protocol.activity import RequestCounts, read_count, read_lb_entry
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 from exporter.protocol.pushes import (
     RankStatus,
@@ -222,11 +222,14 @@ class VllmCore:
             return None
         wanted = set(ranks)
         found = {}
+        inflight = getattr(core, "engine_inflight", None)
+        identities = getattr(core, "core_engines", None)
         for position, rank in enumerate(managed[: len(table)]):
             if type(rank) is int and rank in wanted:
                 counts = read_lb_entry(table[position])
                 if counts is not None:
-                    found[rank] = counts
+                    held = _own_unfinished(inflight, identities, position)
+                    found[rank] = with_in_flight_floor(counts, held)
         return found
 
     def elastic_ep_status(self) -> Callable[[], Awaitable[Any]] | None:
@@ -281,3 +284,29 @@ def _kv_source(rank: int, config: Any) -> KvEventsSource | None:
 
 def _rank_key(entry: tuple[str, bytes]) -> int:
     return int(entry[0])
+
+
+def _own_unfinished(inflight: Any, identities: Any, position: int) -> int | None:
+    """This front end's unfinished requests on the engine at ``position`` (vLLM 0.30-0.33's
+    ``DPLBAsyncMPClient.engine_inflight``, "exact per-engine count of this client's unfinished
+    requests", by engine identity); None where this vLLM has no such count or it is not one."""
+    if not isinstance(inflight, dict) or not isinstance(identities, list):
+        return None
+    if not 0 <= position < len(identities):
+        return None
+    try:
+        return read_count(inflight.get(identities[position], 0))
+    except Exception:  # an identity that cannot be a key, a table that raises: not known
+        return None
+
+
+def with_in_flight_floor(counts: RequestCounts, held: int | None) -> RequestCounts:
+    """The coordinator's counts, raised to this front end's own unfinished requests on that
+    rank (as vLLM's load balancer scores an engine: the greater of the two). The coordinator's
+    snapshot can lag, and a scheduler paused with mode ``keep`` reports none of the requests it
+    holds (vLLM 0.32: ``get_num_unfinished_requests`` is 0 under ``PAUSED_ALL``), so only this
+    floor keeps such a rank from reading drained. The requests above the snapshot are counted
+    as running: they were sent to that engine and have not finished."""
+    if held is None or held <= counts.total:
+        return counts
+    return RequestCounts(counts.running + held - counts.total, counts.waiting)

@@ -129,6 +129,46 @@ async def test_requests_queued_behind_a_paused_scheduler_are_waiting(
     assert body["engines"][0]["requests"] == {"running": 0, "waiting": 3}
 
 
+async def test_requests_a_keep_pause_hides_are_counted_from_the_front_ends_own_count(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters
+) -> None:
+    """vLLM 0.32 under ``pause_scheduler(mode="keep")`` answers ``has_work`` false and the
+    coordinator publishes no requests while the scheduler holds them (measured for real,
+    docs/activity.md). The front end's own ``engine_inflight`` still counts them: that rank
+    is never drained, the gate names it, until they finish."""
+    service = await embedded(sim_vllm.llm)
+    coordinate(sim_vllm)  # every engine's own counts: 0 (nothing the scheduler admits to)
+    identity = sim_vllm.core.core_engines[1]
+    sim_vllm.core.engine_inflight[identity] = 2
+    activity, metrics = await activity_until(service, [(0, 0), (2, 0), (0, 0)])
+    assert [a["has_work"] for a in activity] == [False, False, False]  # vLLM's answer
+    assert [a["drained"] for a in activity] == [True, False, True]
+    assert requests_series(metrics, "1") == (2.0, 0.0)
+    async with http_session() as session:
+        async with session.get(service.url + "/gate", params={"drained": "true"}) as resp:
+            body = await resp.json()
+    assert resp.status == 412 and body["failing_engines"] == ["1"], body
+    sim_vllm.core.engine_inflight[identity] = 0  # finished: vLLM decrements it
+    activity, _ = await activity_until(service, [(0, 0)] * 3)
+    assert all(a["drained"] is True for a in activity)
+
+
+@pytest.mark.parametrize(
+    "inflight",
+    [{b"\x01\x00": -3}, {b"\x01\x00": "many"}, {b"\x01\x00": 1e30}, "not a map"],
+    ids=["negative", "string", "huge", "not_a_map"],
+)
+async def test_a_hostile_in_flight_count_leaves_the_coordinators_counts(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters, inflight: Any
+) -> None:
+    service = await embedded(sim_vllm.llm)
+    coordinate(sim_vllm)
+    core: Any = sim_vllm.core
+    core.engine_inflight = inflight
+    activity, _ = await activity_until(service, [(0, 0)] * 3)
+    assert [a["drained"] for a in activity] == [True, True, True]
+
+
 async def test_without_a_coordinator_subscription_no_count_is_known(
     sim_vllm: SimVllm, embedded: EmbeddedExporters
 ) -> None:
