@@ -422,7 +422,11 @@ def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
     vLLM streams), the other is drained; ``/gate?drained=true`` 412 naming that rank alone,
     with its counts; 200 again within 60 s of the stream's end (e2e/activity.py)."""
 
-    before = front_end_generated(relay.api_url)
+    before: dict[str, float] = {}
+
+    def count_before() -> None:  # each attempt's own generation is the one checked
+        before.clear()
+        before.update(front_end_generated(relay.api_url))
 
     def busy_rank() -> str | None:
         acts = activities(relay.exporter.status())
@@ -431,7 +435,12 @@ def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
 
     with ActivityLog(relay.exporter.status) as log:
         seen = generation_is_work_then_drains(
-            relay.exporter, relay.api_url, busy_rank, counts_known=True, log=log
+            relay.exporter,
+            relay.api_url,
+            busy_rank,
+            counts_known=True,
+            log=log,
+            before_generation=count_before,
         )
     after = front_end_generated(relay.api_url)
     grew = {e: after.get(e, 0.0) - before.get(e, 0.0) for e in after}
