@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.procs import engine_fleet, free_address
-from bench.report_model import machine_lines
+from bench.report_model import machine_lines, publish
 from bench.sim_vllm import start_sim_vllm
 from bench.steps import StepLog, timed_steps
 from exporter.base import eventloop
@@ -301,9 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # vLLM's API server runs on uvloop (uvicorn's default where installed): the same here.
     text = report(eventloop.run(run(), "auto"), args, command)
-    print(text)
-    if args.out != "-":
-        Path(args.out).write_text(text)
+    publish(text, args.out)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import engine_fleet, free_address
-from bench.report_model import machine_lines
+from bench.report_model import machine_lines, publish
 from bench.sim_vllm import start_sim_vllm
 from exporter.base import eventloop
 from exporter.inprocess.runtime import InProcessRuntime
@@ -127,9 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             *body,
         ]
     )
-    print(text)
-    if args.out != "-":
-        Path(args.out).write_text(text)
+    publish(text, args.out)
     return 0
 
 

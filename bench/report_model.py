@@ -53,6 +53,13 @@ def _git_revision() -> str:
         return "unknown"
 
 
+def publish(text: str, out: str) -> None:
+    """Print a benchmark's report and write it to ``out`` (``-``: print only)."""
+    print(text)
+    if out != "-":
+        Path(out).write_text(text)
+
+
 def machine_lines(event_loop: str = "auto") -> list[str]:
     import zmq
 

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from e2e.procs import Managed, ProcessGroup, cli_flags, first_exited
 from e2e.traffic import (
     LongGeneration,
     complete,
+    completions_while_resetting,
     paused_keeping_requests,
     start_long_generations,
 )
@@ -132,13 +132,9 @@ def test_scenario3_completions_flow_while_the_exporter_polls_and_resets(
 
     # During: 8 completions on 2 client threads while the exporter polls every second and
     # resets (preempting running requests, so every reset is confirmed) as fast as it can.
-    resets: list[web.Reply] = []
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(complete, api, f"{PROMPT} w{i}", 128) for i in range(8)]
-        while not all(f.done() for f in futures):
-            resets.append(exporter.reset(reset_running_requests=True))
-            time.sleep(0.2)
-        during = [f.result(timeout=60) for f in futures]
+    during, resets = completions_while_resetting(
+        api, PROMPT, lambda: exporter.reset(reset_running_requests=True)
+    )
     assert all(c["usage"]["completion_tokens"] == 128 for c in during)
     assert all(c["choices"][0]["finish_reason"] == "length" for c in during)
     assert len(resets) >= 3

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,12 @@ from e2e.exporter_proc import ExporterProc, http_args, relay_args, start_exporte
 from e2e.ports import HOST, free_port, free_port_range
 from e2e.procs import Managed, ProcessGroup, cli_flags
 from e2e.rust_front_end import RustFrontEnd, RustFrontEndUnavailable, fetch_binary, headless_rank
-from e2e.traffic import complete, paused_keeping_requests, start_long_generations
+from e2e.traffic import (
+    complete,
+    completions_while_resetting,
+    paused_keeping_requests,
+    start_long_generations,
+)
 from e2e.vllm_runtime import READY_TIMEOUT_S, VllmRuntime, wait_api_ready
 
 pytestmark = [
@@ -163,13 +167,9 @@ class TestRelayBesideTheRustFrontEnd:
         start = exporter.scrape()
         # 8 completions on 2 client threads through the Rust front end while the exporter
         # polls every second and resets (preempting running requests) back to back.
-        resets: list[web.Reply] = []
-        with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(complete, api, f"{PROMPT} w{i}", 128) for i in range(8)]
-            while not all(f.done() for f in futures):
-                resets.append(exporter.reset(reset_running_requests=True))
-                time.sleep(0.2)
-            during = [f.result(timeout=60) for f in futures]
+        during, resets = completions_while_resetting(
+            api, PROMPT, lambda: exporter.reset(reset_running_requests=True)
+        )
         assert all(c["usage"]["completion_tokens"] == 128 for c in during)
         assert len(resets) >= 2
         for reply in resets:

@@ -42,6 +42,27 @@ def complete(
     return body
 
 
+def completions_while_resetting(
+    api_url: str,
+    prompt: str,
+    reset: Callable[[], web.Reply],
+    count: int = 8,
+    max_tokens: int = 128,
+) -> tuple[list[dict[str, Any]], list[web.Reply]]:
+    """``count`` completions on 2 client threads while ``reset`` runs back to back (every
+    0.2 s, preempting running requests): the completions and every reset's answer."""
+    resets: list[web.Reply] = []
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(complete, api_url, f"{prompt} w{i}", max_tokens) for i in range(count)
+        ]
+        while not all(f.done() for f in futures):
+            resets.append(reset())
+            time.sleep(0.2)
+        during = [f.result(timeout=60) for f in futures]
+    return during, resets
+
+
 class LongGeneration:
     """A streamed completion of exactly ``max_tokens`` tokens (``ignore_eos``) on a thread.
 

@@ -78,6 +78,7 @@ class Histogram:
         self.labels().observe(value)
 
     def rows(self) -> list[HistogramRow]:
+        """Every labelled child as plain rows, in label order."""
         return list(self.iter_rows())
 
     def iter_rows(self) -> Iterator[HistogramRow]:
@@ -99,11 +100,6 @@ def _histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
     if not hist.labelnames:
         hist.labels()  # an unlabelled histogram is published from the start, at 0
     return hist
-
-
-def histogram_rows(hist: Histogram) -> list[HistogramRow]:
-    """Every labelled child of ``hist`` as plain rows, in label order."""
-    return hist.rows()
 
 
 @dataclass(frozen=True, slots=True)

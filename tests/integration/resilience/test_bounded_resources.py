@@ -11,7 +11,6 @@ import zmq.asyncio
 
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.control.runtime import Exporter
-from exporter.metrics.stats import histogram_rows
 from exporter.sim.engine import SimEngine
 from exporter.sim.options import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
@@ -52,7 +51,7 @@ async def test_a_flapping_engine_over_thousands_of_polls_stays_bounded() -> None
         # Bounded, not growing with the number of polls (a 5 ms timeout under CI load may add a
         # timeout series for the healthy engine late, so only the bound is asserted).
         assert max(label_sizes) <= 40
-        methods = {labels[0] for labels, _, _ in histogram_rows(stats.call_durations)}
+        methods = {labels[0] for labels, _, _ in stats.call_durations.rows()}
         assert methods == {"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work"}
         assert set(exporter.faults.counts) <= {"unknown_call_id"}, exporter.faults.counts
         assert len(exporter.poller._last_success) <= 2

@@ -10,7 +10,7 @@ import pytest
 
 from exporter.commands.demo.common import _status_of
 from exporter.remote import ActionResult
-from exporter.remote.errors import Unreachable
+from exporter.remote.errors import Conflict, Unreachable
 
 
 async def _raises(exc: BaseException) -> ActionResult:
@@ -18,6 +18,8 @@ async def _raises(exc: BaseException) -> ActionResult:
 
 
 def test_an_exporter_error_gives_its_status() -> None:
+    busy = Conflict("another admin action is running", status=409)
+    assert asyncio.run(_status_of(_raises(busy))) == 409
     assert asyncio.run(_status_of(_raises(Unreachable("no answer", url="http://x")))) is None
 
 

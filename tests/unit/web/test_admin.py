@@ -24,7 +24,6 @@ from exporter.control.verdicts import (
     verdict_body,
 )
 from exporter.metrics.catalog import ADMIN_ACTIONS
-from exporter.metrics.stats import histogram_rows
 from exporter.web.admin import AdminController, from_aiohttp, retry_after
 
 TOKEN = "tok-unit"
@@ -190,7 +189,7 @@ async def test_the_reset_runs_through_the_shared_runner() -> None:
     stats = exporter.stats
     assert stats.resets["partial_failure"] == 1
     assert stats.reset_engine_failures[("1", "unsupported")] == 1
-    ((_, buckets, _),) = histogram_rows(stats.reset_durations)
+    ((_, buckets, _),) = stats.reset_durations.rows()
     assert buckets[-1] == ("+Inf", 1.0)
     assert stats.admin_actions[("reset_prefix_cache", "partial_failure")] == 1
     assert stats.admin_action_failures[("reset_prefix_cache", "1", "unsupported")] == 1
