@@ -1,4 +1,4 @@
-"""Busy and drained per rank (issue 32; docs/e2e.md, scenario 12), the same in relay and
+"""Busy and drained per rank (docs/e2e.md, scenario 12), the same in relay and
 in-process mode: one long streamed generation on one rank, what the exporter says of each rank
 while it runs and after (12a), and ``POST /admin/pause?mode=wait`` sent during it (12b).
 

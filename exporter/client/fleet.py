@@ -7,8 +7,10 @@ the admin endpoint and the probe only ever see this interface and per-engine ``E
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +51,22 @@ SHUTTING_DOWN = "Server shutting down"
 
 #: Called (without arguments) when an engine comes up or goes down, so a poll can report it.
 ChangeCallback = Callable[[], None]
+
+#: Set by ``late_answers_allowed`` (the poller's reads): an answer that came after an earlier
+#: call's deadline may answer these calls. Unset (the gate, an action's read-back), a call is
+#: answered only by requests sent after it was made, or times out.
+LATE_ANSWERS: ContextVar[bool] = ContextVar("late_answers", default=False)
+
+
+@contextlib.contextmanager
+def late_answers_allowed() -> Iterator[None]:
+    """The calls made inside (and the tasks they start) may use a late answer: the poll's
+    (a slow server's answer then serves the next poll instead of being lost); never a gate's."""
+    token = LATE_ANSWERS.set(True)
+    try:
+        yield
+    finally:
+        LATE_ANSWERS.reset(token)
 
 
 class Outcome(str, enum.Enum):

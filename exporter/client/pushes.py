@@ -66,13 +66,20 @@ class PushBook:
             if kind == PUSH_FT_STATUS:
                 return self.record(engine, decode_ft_status(value, engine_index))
             if kind == PUSH_EEP:
-                event, rank = decode_eep_notification(value, engine_index)
-                self.membership[engine] = MembershipEvent(event, rank, engine, self._clock())
-                self._log(engine, logging.INFO, "elastic-EP %s (DP rank %d)", event, rank)
-                return True
+                return self._on_membership(engine, engine_index, value)
         except ProtocolError as exc:
             self._faults.record(exc.kind, f"engine {engine}: {exc}")
         return False
+
+    def _on_membership(self, engine: str, engine_index: int, value: object) -> bool:
+        """An elastic-EP notification is the sender's, the engine whose connection carried it;
+        the DP rank it names is kept as reported (``reported_rank``): vLLM names its config's
+        rank, 0 on a dense engine, and a MoE engine's new rank after a reconfiguration."""
+        event, rank = decode_eep_notification(value)
+        now = self._clock()
+        self.membership[engine] = MembershipEvent(event, engine_index, engine, now, rank)
+        self._log(engine, logging.INFO, "elastic-EP %s (its config names DP rank %d)", event, rank)
+        return True
 
     def record(self, engine: str, read: RankStatus, kind: str = PUSH_BAD) -> bool:
         """Record one status read by the one rule (``read_rank_status``); one that could not be

@@ -324,6 +324,34 @@ def validate(config: ServeConfig) -> ServeConfig:
     if c.attach not in ATTACH_MODES:
         raise ConfigError(f"--attach must be owner, relay or http, got {c.attach!r}")
     check_bounds({f.name: getattr(c, f.name) for f in fields(c)})
+    _check_engine_facing(c)
+    file_targets, http_token = _http_files(c)
+    c.listen_host_port  # noqa: B018 - validates
+    logging_values = _logging_values(c)
+    try:
+        event_loop = event_loop_value(c.event_loop)
+    except ValueError as exc:
+        raise ConfigError(f"{flag('event_loop')}: {exc}") from None
+    resolve_event_loop(event_loop)  # uvloop asked for but not installed: one line, exit 2
+    web = load_web_config(c.web_config_file) if c.web_config_file else None
+    token = _admin_token(c)
+    values = {f.name: getattr(c, f.name) for f in fields(c)}
+    return ServeConfig(
+        **{
+            **values,
+            **logging_values,
+            "event_loop": event_loop,
+            "admin_token": token,
+            "web": web,
+            "http_file_targets": file_targets,
+            "http_token": http_token,
+        }
+    )
+
+
+def _check_engine_facing(c: ServeConfig) -> None:
+    """What each attach mode needs to reach its engines (ZMQ modes: addresses and ranks that fit;
+    relay: its upstream; HTTP: a target)."""
     if c.attach in ("owner", "relay"):
         if c.engine_count < 1:
             raise ConfigError("--engine-count must be at least 1")
@@ -342,26 +370,34 @@ def validate(config: ServeConfig) -> ServeConfig:
         raise ConfigError("--attach relay needs --upstream-handshake-address")
     if c.attach == "http" and not (c.http_target or c.http_targets_file):
         raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
+
+
+def _http_files(c: ServeConfig) -> tuple[tuple[str, ...], str | None]:
+    """HTTP mode's targets file and bearer token, read once, here: a bad file is one line
+    before anything starts."""
+    if c.attach != "http":
+        return (), None
     file_targets: tuple[str, ...] = ()
-    http_token = None
-    if c.attach == "http":  # read once, here: a bad file is one line before anything starts
-        if c.http_targets_file:
-            file_targets = target_lines(read_text_file(c.http_targets_file, "--http-targets-file"))
-        if c.http_token_file:
-            http_token = read_token_file(c.http_token_file, "--http-token-file")
-    c.listen_host_port  # noqa: B018 - validates
-    logging_values = {}
+    if c.http_targets_file:
+        file_targets = target_lines(read_text_file(c.http_targets_file, "--http-targets-file"))
+    http_token = (
+        read_token_file(c.http_token_file, "--http-token-file") if c.http_token_file else None
+    )
+    return file_targets, http_token
+
+
+def _logging_values(c: ServeConfig) -> dict[str, Any]:
+    values = {}
     for name, convert in (("log_level", log_level_value), ("log_format", log_format_value)):
         try:
-            logging_values[name] = convert(getattr(c, name))
+            values[name] = convert(getattr(c, name))
         except ValueError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
-    try:
-        event_loop = event_loop_value(c.event_loop)
-    except ValueError as exc:
-        raise ConfigError(f"{flag('event_loop')}: {exc}") from None
-    resolve_event_loop(event_loop)  # uvloop asked for but not installed: one line, exit 2
-    web = load_web_config(c.web_config_file) if c.web_config_file else None
+    return values
+
+
+def _admin_token(c: ServeConfig) -> str | None:
+    """The admin token, read from its file; none off loopback is refused (security by default)."""
     admin = c.admin_host_port
     token = (
         read_token_file(c.admin_token_file, "--admin-token-file") if c.admin_token_file else None
@@ -371,15 +407,4 @@ def validate(config: ServeConfig) -> ServeConfig:
             f"refusing to serve the admin endpoint on non-loopback address {admin[0]} without "
             "a token: set --admin-token-file, or bind --admin-listen to 127.0.0.1"
         )
-    values = {f.name: getattr(c, f.name) for f in fields(c)}
-    return ServeConfig(
-        **{
-            **values,
-            **logging_values,
-            "event_loop": event_loop,
-            "admin_token": token,
-            "web": web,
-            "http_file_targets": file_targets,
-            "http_token": http_token,
-        }
-    )
+    return token

@@ -14,8 +14,9 @@ methods the conditions need are asked (every one without conditions).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,9 @@ def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
         if invariant is None or invariant.expected == "a boolean":
             lowered = raw.lower()
             if lowered not in ("true", "false", "1", "0"):
-                raise GateRequestError(f"condition {name!r} must be true or false, got {raw!r}")
+                raise GateRequestError(
+                    f"condition {name!r} must be true, false, 1 or 0, got {raw!r}"
+                )
             conditions[name] = lowered in ("true", "1")
         else:
             if not raw or len(raw) > 256:
@@ -251,9 +254,14 @@ def needed_methods(conditions: Mapping[str, Any]) -> frozenset[str] | None:
     return frozenset(methods)
 
 
+#: How long the next fan-out sleeps at a time while it waits for the rate bound.
+RATE_BOUND_STEP_S = 0.05
+
+
 class Gate:
     """The shared, rate-bounded fresh fan-out behind ``GET /gate``: it asks only what the
-    conditions need (``needed_methods``)."""
+    conditions need (``needed_methods``), and starts at most one fan-out per
+    ``min_interval_s`` whatever the conditions (the bound is why the gate needs no token)."""
 
     def __init__(
         self,
@@ -265,6 +273,7 @@ class Gate:
         wall_clock: Callable[[], float] = time.time,
         reader: FleetRead | None = None,
         hung: Callable[[], Mapping[str, float]] = dict,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._client = client
         #: The poller's read (one memory of unsupported methods), or one of the gate's own.
@@ -275,14 +284,22 @@ class Gate:
         self._min_interval_s = min_interval_s
         self._clock = clock
         self._wall = wall_clock
+        self._sleep = sleep
         self._last: Sample | None = None
         self._inflight: asyncio.Future[Sample] | None = None
         self._inflight_asks: frozenset[str] = frozenset()
+        #: The next fan-out, waiting for the rate bound, and what its callers want.
+        self._next: asyncio.Future[Sample] | None = None
+        self._next_asks: set[str] = set()
+        #: When the last fan-out started (the rate bound counts from there).
+        self._last_start = -math.inf
         self.fanouts = 0
 
     async def sample(self, methods: frozenset[str] | None = None) -> Sample:
         """A sample of ``methods`` (None: every invariant) no older than ``min_interval_s``;
-        callers arriving while one that asks at least as much is being taken share it."""
+        callers arriving while one that asks at least as much is being taken share it; any
+        other caller joins the next fan-out, which starts ``min_interval_s`` after the last
+        one started, asking what every caller waiting for it wants."""
         wanted = ALL_METHODS if methods is None else methods | {SLEEPING.method}
         last = self._last
         if (
@@ -293,13 +310,31 @@ class Gate:
             return last
         inflight = self._inflight
         if inflight is None or inflight.done() or not wanted <= self._inflight_asks:
-            inflight = self._inflight = asyncio.ensure_future(self._take(wanted))
-            self._inflight_asks = wanted
+            if self._next is None or self._next.done():
+                self._next_asks = set(wanted)
+                self._next = asyncio.ensure_future(self._scheduled())
+            else:
+                self._next_asks |= wanted
+            inflight = self._next
         # Shielded: one caller hanging up does not cancel the others' fan-out.
         return await asyncio.shield(inflight)
 
+    async def _scheduled(self) -> Sample:
+        """The next fan-out, once the rate bound allows it. One that had to wait asks every
+        read method: callers alternating conditions are then all answered from it until it is
+        ``min_interval_s`` old, so they cannot buy a fan-out each."""
+        # In short steps: an admin action lifts the bound meanwhile (``invalidate``).
+        while (wait := self._last_start + self._min_interval_s - self._clock()) > 0:
+            await self._sleep(min(wait, RATE_BOUND_STEP_S))
+            self._next_asks |= ALL_METHODS
+        wanted = frozenset(self._next_asks)
+        self._inflight, self._inflight_asks = self._next, wanted
+        self._next = None
+        return await self._take(wanted)
+
     async def _take(self, wanted: frozenset[str]) -> Sample:
         self.fanouts += 1
+        self._last_start = self._clock()
         client = self._client
         engines = tuple(client.engine_labels)
         details = {d.engine: d for d in client.engine_details()}
@@ -329,9 +364,11 @@ class Gate:
 
     def invalidate(self) -> None:
         """Forget the shared sample (an admin action just changed the state): the next caller
-        gets a fan-out that starts after the change, never one started before it."""
+        gets a fan-out that starts after the change, never one started before it, and at once
+        (an action is the admin's, itself guarded and rate-limited: the bound is lifted)."""
         self._last = None
         self._inflight = None
+        self._last_start = -math.inf
 
     async def check(self, conditions: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         if self._client.connected_count() == 0:

@@ -14,7 +14,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from exporter.base.steps import Steps, run_steps_async
-from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
+from exporter.client.fleet import (
+    EngineDetail,
+    EngineOutcome,
+    FleetClient,
+    Outcome,
+    late_answers_allowed,
+)
 from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
@@ -26,6 +32,9 @@ from exporter.metrics.stats import Stats
 log = logging.getLogger("exporter.poller")
 #: The reads with a fleet verdict (strict consensus); ``has_work`` is per rank only.
 CONSENSUS_METHODS = frozenset(inv.method for inv in INVARIANTS)
+
+#: Outcomes that are an answer from the engine (or HTTP target): they reset its hung clock.
+ANSWERED = frozenset({Outcome.OK, Outcome.FAILED, Outcome.INCONSISTENT})
 
 #: Engines per step of a snapshot's build (in-process mode builds it on vLLM's event loop).
 ENGINES_PER_STEP = 64
@@ -150,7 +159,8 @@ class Poller:
         client.refresh_elastic_ep(self.call_timeout_s)
         details = {d.engine: d for d in client.engine_details()}
         self._forget_gone(details.keys())
-        read = await self.reader.read(ALL_METHODS, self.call_timeout_s, details)
+        with late_answers_allowed():  # the poll's reads, never the gate's
+            read = await self.reader.read(ALL_METHODS, self.call_timeout_s, details)
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
             for method, outcomes in read.items()
@@ -180,12 +190,9 @@ class Poller:
             self._last_answer.pop(engine, None)
             return 0.0
         # The invariants only: HTTP mode reads has_work from the API server's /metrics, which
-        # answers while the engine behind it hangs.
-        if any(
-            o.outcome in (Outcome.OK, Outcome.FAILED)
-            for m, o in answers.items()
-            if m in CONSENSUS_METHODS
-        ):
+        # answers while the engine behind it hangs. A target whose own ranks disagreed
+        # (``inconsistent``) answered too: that is a state, not silence.
+        if any(o.outcome in ANSWERED for m, o in answers.items() if m in CONSENSUS_METHODS):
             self._last_answer[engine] = now
             return 0.0
         since = self._last_answer.setdefault(engine, now)

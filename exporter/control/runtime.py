@@ -98,19 +98,7 @@ class Exporter:
             jitter=config.poll_jitter,
             hung_after=config.hung_after,
         )
-        self.collector = ExporterCollector(
-            lambda: self.poller.snapshot,
-            self.stats,
-            self.faults,
-            model_name=config.model_name,
-            client_counters=self.client.counters,
-        )
-        #: This exporter's series only (what the lean text encoder renders too).
-        self.registry: CollectorRegistry = build_registry(self.collector)
-        own = self_collectors()
-        #: The process's own process_* / python_* series, appended to every text body.
-        self.self_registry = build_registry(*own)
-        self.openmetrics_registry = build_registry(self.collector, *own)
+        self._build_registries()
         self.gate = Gate(
             self.fleet,
             timeout_s=config.call_timeout,
@@ -127,6 +115,23 @@ class Exporter:
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
         self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
+
+    def _build_registries(self) -> None:
+        """The collector over the poller's snapshot, and the three registries rendered from it
+        (this exporter's series; the process's own; both, for OpenMetrics)."""
+        self.collector = ExporterCollector(
+            lambda: self.poller.snapshot,
+            self.stats,
+            self.faults,
+            model_name=self.config.model_name,
+            client_counters=self.client.counters,
+        )
+        #: This exporter's series only (what the lean text encoder renders too).
+        self.registry: CollectorRegistry = build_registry(self.collector)
+        own = self_collectors()
+        #: The process's own process_* / python_* series, appended to every text body.
+        self.self_registry = build_registry(*own)
+        self.openmetrics_registry = build_registry(self.collector, *own)
 
     def state_version(self) -> tuple[int, ...]:
         """The render cache's key: every change a scrape could show bumps one of these (a

@@ -24,7 +24,7 @@ from exporter.fleetstate.checksums import (
 )
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.activity import RequestCounts, counts_text
-from exporter.protocol.strings import bound_text
+from exporter.protocol.strings import ascii_digits, bound_text
 
 #: Engine → its ``has_work`` read back and its published counts (None: unknown), for an action
 #: that must leave every engine drained (``ActionRequest.check_drained``).
@@ -208,7 +208,7 @@ NO_ENGINE = "no engine is connected"
 
 def engine_id(label: str) -> int | str:
     """Engine indices as numbers (the HTTP contract), HTTP target names as strings."""
-    return int(label) if label.isdigit() else label
+    return int(label) if ascii_digits(label) else label
 
 
 def no_engine_body(

@@ -266,7 +266,13 @@ def from_starlette(request: Request, peer: Peer) -> AdminHttpRequest:
 
     async def read_body(limit: int, timeout_s: float) -> bytes | tuple[int, str]:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        # ASCII digits only: str.isdigit takes "²", which int() refuses.
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > limit
+        ):
             return 413, "request body too large"
         received = bytearray()
 

@@ -332,7 +332,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engines_connected",
         "gauge",
         (),
-        "Number of engines that completed the start-up handshake and registration.",
+        "Number of engines connected: handshaken and registered, or reattached after an "
+        "exporter restart with their connection back (up only once they answer).",
     ),
     MetricSpec(
         "vllm_dp_protocol_errors_total",

@@ -116,9 +116,10 @@ def read_activity_json(value: Any) -> RequestCounts | None:
 def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
     """Per-rank counts from vLLM's ``/metrics`` exposition: engine index → counts, for every
     rank with both series. None when the answer has neither family at all (a vLLM run with
-    ``--disable-log-stats``: unknown, not idle); a rank whose value is not a count is left out
-    (unknown), as is a rank that has only one of the two."""
-    found: dict[str, dict[int, Any]] = {"running": {}, "waiting": {}}
+    ``--disable-log-stats``: unknown, not idle); a rank with any sample that is not a count is
+    left out (unknown: each sample is checked before the rank's samples are summed), as is a
+    rank that has only one of the two."""
+    found: dict[str, dict[int, int | None]] = {"running": {}, "waiting": {}}
     seen = False
     for line in text.splitlines():
         if not line.startswith("vllm:num_requests_") or len(line) > MAX_METRICS_LINE:
@@ -136,13 +137,10 @@ def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
         per_state = found[state]
         if rank not in per_state and len(per_state) >= MAX_RANKS:
             continue
-        fields = sample.split()
-        try:
-            value: Any = float(fields[0]) if fields else None
-        except ValueError:
-            value = None
-        # Two API-server processes may each publish a rank's series: their sum is the rank's.
-        previous = per_state.get(rank, 0.0)
+        value = _sample_count(sample)
+        # Two API-server processes (or model names) may each publish a rank's series: their
+        # sum is the rank's, of samples each checked first (3 and -3 are no idle 0).
+        previous = per_state.get(rank, 0)
         per_state[rank] = None if value is None or previous is None else previous + value
     if not seen:
         return None
@@ -152,6 +150,16 @@ def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
         if pair is not None:
             counts[rank] = pair
     return counts
+
+
+def _sample_count(sample: str) -> int | None:
+    """One ``/metrics`` sample's value (after its labels) as a count, or None when it is not
+    one (negative, NaN, infinite, fractional, huge, not a number)."""
+    fields = sample.split()
+    try:
+        return read_count(float(fields[0])) if fields else None
+    except ValueError:
+        return None
 
 
 def total_counts(counts: dict[int, RequestCounts]) -> RequestCounts:

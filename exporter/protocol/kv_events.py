@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.error import ProtocolError
+from exporter.protocol.strings import ascii_digits
 
 #: Longest endpoint or topic accepted, in UTF-8 bytes (vLLM's defaults are a few dozen).
 MAX_ENDPOINT = 256
@@ -168,7 +169,7 @@ def endpoint_target(
         if ipv4_as_ipv6:
             return None, f"IPv4 address {address} written as IPv6, not the engine's own"
         return None, "the engine connects to this address (a consumer binds it)"
-    if not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+    if not ascii_digits(port) or not 0 < int(port) <= 0xFFFF:
         return None, "no port to connect to"
     if wildcard:
         if engine_host is None:
@@ -195,7 +196,7 @@ def _host(host: str) -> str | None:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return host if _HOSTNAME.match(host) and not host.isdigit() else None
+        return host if _HOSTNAME.match(host) and not ascii_digits(host) else None
     if isinstance(address, ipaddress.IPv6Address):
         inside = _ipv4_inside(address)
         if inside is not None:

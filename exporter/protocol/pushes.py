@@ -2,9 +2,10 @@
 
 vLLM 0.33 (``vllm/v1/engine/__init__.py``) reserves ``EEP_NOTIFICATION_CALL_ID = -1`` for
 elastic-EP membership events (``[type, dp_rank]``: ``RECONFIGURE_FINISHED``,
-``SHUTDOWN_COMPLETE``) and ``FT_STATUS_CALL_ID = -2`` for the fault-tolerance sentinel's health
-pushes (``{"id": engine_index, "status": "healthy|unhealthy|dead", "fault_info": ...}``, the last
-key only while unhealthy). Both go to client 0, and the exporter's own calls never use a
+``SHUTDOWN_COMPLETE``; the sender's, whatever rank its parallel config names) and
+``FT_STATUS_CALL_ID = -2`` for the fault-tolerance sentinel's health pushes (``{"id":
+engine_index, "status": "healthy|unhealthy|dead", "fault_info": ...}``, the last key only while
+unhealthy). Both go to client 0, and the exporter's own calls never use a
 negative id, so a negative id is never a reply ([protocol.md](../../docs/protocol.md) C.6).
 ``read_rank_status`` is the one rule every mode reads vLLM's status shape by (pushes, the front
 end's table in-process, ``GET /fault_tolerance/status`` in HTTP mode): the status is read as a
@@ -43,6 +44,8 @@ FT_STATE_VALUES = (*FT_STATUSES, FT_OTHER, FT_UNKNOWN)
 FT_FAULTY = frozenset(FT_STATE_VALUES) - {FT_HEALTHY}
 #: vLLM 0.33's ``EEPNotificationType`` values.
 EEP_EVENTS = ("RECONFIGURE_FINISHED", "SHUTDOWN_COMPLETE")
+#: DP ranks an engine can have (its identity is two bytes: docs/protocol.md A.2).
+MAX_RANKS = 0x10000
 #: How a push is counted (``vllm_dp_engine_pushes_total{kind}``).
 PUSH_FT_STATUS, PUSH_EEP, PUSH_OTHER = "fault_tolerance_status", "elastic_ep", "other"
 PUSH_KINDS = (PUSH_FT_STATUS, PUSH_EEP, PUSH_OTHER)
@@ -82,12 +85,16 @@ class RankStatus:
 
 @dataclass(frozen=True, slots=True)
 class MembershipEvent:
-    """An elastic-EP notification: which event, the DP rank that sent it, when."""
+    """An elastic-EP notification, the sender's: which event, the DP rank of the engine whose
+    connection carried it (``dp_rank``), when, and the DP rank the notification named
+    (``reported_rank``: vLLM's ``parallel_config.data_parallel_rank``, 0 on a dense engine, a
+    MoE engine's new rank after a reconfiguration; None where not reported)."""
 
     event: str
     dp_rank: int
     engine: str
     received_unix: float
+    reported_rank: int | None = None
 
 
 def push_kind(call_id: int) -> str:
@@ -102,7 +109,7 @@ def push_kind(call_id: int) -> str:
 def entry_rank(value: Any) -> int | None:
     """The rank one status entry names (``id``), or None when it names none readable."""
     rank = value.get("id") if isinstance(value, dict) else None
-    return rank if type(rank) is int and 0 <= rank < 0x10000 else None
+    return rank if type(rank) is int and 0 <= rank < MAX_RANKS else None
 
 
 def read_rank_status(value: Any, rank: int) -> RankStatus:
@@ -167,10 +174,12 @@ def _kind(value: Any) -> str:
     return repr(bound_text(value, 32)) if isinstance(value, str) else type(value).__name__
 
 
-def decode_eep_notification(value: Any, engine_index: int) -> tuple[str, int]:
-    """(event, dp_rank) of one elastic-EP notification from ``engine_index``'s connection: one
-    of vLLM's known events about the sender's own rank (vLLM 0.33's engine sends its own
-    ``dp_rank``); another shape, an unknown event or another rank raises ``ProtocolError``."""
+def decode_eep_notification(value: Any) -> tuple[str, int]:
+    """(event, DP rank it names) of one elastic-EP notification: one of vLLM's known events and
+    a rank an engine can have. The rank is not the sender's check: vLLM sends its config's
+    ``data_parallel_rank`` (0 on every dense engine, a renumbered MoE engine's new rank), and the
+    connection says who sent it. Another shape, an unknown event or an impossible rank raises
+    ``ProtocolError``."""
     if not isinstance(value, list) or len(value) != 2:
         raise ProtocolError("bad_push", "elastic-EP notification is not [type, dp_rank]")
     event, rank = value
@@ -178,10 +187,8 @@ def decode_eep_notification(value: Any, engine_index: int) -> tuple[str, int]:
         raise ProtocolError("bad_push", "elastic-EP notification is not [type, dp_rank]")
     if event not in EEP_EVENTS:
         raise ProtocolError("bad_push", f"unknown elastic-EP event {_kind(event)}")
-    if rank != engine_index:
-        raise ProtocolError(
-            "bad_push", f"elastic-EP {event} for DP rank {rank} on engine {engine_index}"
-        )
+    if not 0 <= rank < MAX_RANKS:
+        raise ProtocolError("bad_push", f"elastic-EP {event} names DP rank {rank}")
     return event, rank
 
 

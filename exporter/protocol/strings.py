@@ -34,6 +34,13 @@ MAX_RESULT_NESTING = 32
 TOO_DEEP = "…[cut: nested too deeply]"
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: a rank, port or length from a peer. Not
+    ``str.isdigit``, which takes "²" (then ``int()`` raises) and the Arabic-Indic one
+    (``int()`` reads 1)."""
+    return text.isascii() and text.isdigit()
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=_DIGEST_HEX // 2).hexdigest()
 

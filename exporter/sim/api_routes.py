@@ -77,6 +77,7 @@ class ApiRoutes:
     engines: list[EngineState]
     engine_status: dict[int, dict[str, Any]]
     ft_answer: bytes | None
+    ft_delay_s: float
     metrics_answer: bytes | None
     elastic_ep: SimElasticEp
 
@@ -176,7 +177,9 @@ class ApiRoutes:
     async def _ft_status(self, request: web.Request) -> web.Response:
         if self.ft_answer is not None:  # a test's hostile answer
             return web.Response(body=self.ft_answer, content_type="application/json")
-        engines = list(self.engine_status.values())
+        engines = list(self.engine_status.values())  # the statuses when the request came
+        if self.ft_delay_s > 0:  # a slow front end: the answer is as old as its request
+            await asyncio.sleep(self.ft_delay_s)
         return _json({"schema_version": 1, "total_engines": len(self.engines), "engines": engines})
 
     async def _elastic_ep_status(self, request: web.Request) -> web.Response:

@@ -76,6 +76,9 @@ class SimApiServer(ApiRoutes):
             rank: encode_ft_status_value(rank, "healthy") for rank in ranks
         }
         self.ft_answer: bytes | None = None
+        #: Seconds ``GET /fault_tolerance/status`` takes to answer (with the statuses of when
+        #: its request came).
+        self.ft_delay_s = 0.0
         self.metrics_answer: bytes | None = None
         #: ``POST /is_scaling_elastic_ep``'s operation and faults (``set_elastic_ep``).
         self.elastic_ep = SimElasticEp()

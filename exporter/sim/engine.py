@@ -40,7 +40,11 @@ from exporter.protocol import (
     registration_map,
 )
 from exporter.protocol.kv_events import publisher_config
-from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
+from exporter.protocol.pushes import (
+    EEP_NOTIFICATION_CALL_ID,
+    FT_STATUS_CALL_ID,
+    encode_ft_status_value,
+)
 from exporter.protocol.utility import encode_notifications_output
 from exporter.sim.options import OutputHook, RequestHook, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
@@ -110,11 +114,12 @@ class SimEngine:
         else:
             self._stop.set()
 
-    async def push(self, call_id: int, value: Any) -> None:
+    async def push(self, call_id: int, value: Any, *, client_index: int = 0) -> None:
         """Send ``value`` unasked to client 0 with a reserved call id, as vLLM 0.33's
         fault-tolerance sentinel (``FT_STATUS_CALL_ID``, ``encode_ft_status_value``) and
-        elastic-EP notifications (``EEP_NOTIFICATION_CALL_ID``, ``[event, dp_rank]``) do."""
-        if self.output_alive and self._outputs:
+        elastic-EP notifications (``notify_elastic_ep``) do; another ``client_index`` is a
+        robustness case (no vLLM sends it there)."""
+        if self.output_alive and 0 <= client_index < len(self._outputs):
             frame = encode_utility_reply(
                 self.engine_index,
                 call_id,
@@ -122,7 +127,22 @@ class SimEngine:
                 timestamp=self.clock(),
                 engine_notifications=self.options.engine_notifications,
             )
-            await self._send(0, frame)
+            await self._send(client_index, frame)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """``parallel_config.data_parallel_rank`` as vLLM's ``run_engine_core`` leaves it (see
+        ``SimOptions.data_parallel_rank``): not the engine index on a dense engine."""
+        rank = self.options.data_parallel_rank
+        if rank is not None:
+            return rank
+        return self.engine_index if self.options.coordinated_dp else 0
+
+    async def notify_elastic_ep(self, event: str, *, client_index: int = 0) -> None:
+        """``DPEngineCoreProc._eep_send_engine_core_notification``: ``[event,
+        data_parallel_rank]`` under the sender's own ``engine_index``."""
+        value = [event, self.data_parallel_rank]
+        await self.push(EEP_NOTIFICATION_CALL_ID, value, client_index=client_index)
 
     async def push_fault_status(self, status: str, fault_info: str | None = None) -> None:
         """The sentinel's push of ``status`` (``encode_ft_status_value``): vLLM 0.33's three,

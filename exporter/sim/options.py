@@ -64,6 +64,10 @@ class SimOptions:
     #: A MoE / coordinated DP engine: its registration reports data_parallel_size
     #: COORDINATED_DP_SIZE and its READY carries "parallel_config_hash".
     coordinated_dp: bool = False
+    #: Read live: the DP rank this engine's parallel config names, which its elastic-EP
+    #: notifications carry (a MoE reconfiguration renumbers it). None: vLLM's own value, 0 on a
+    #: dense engine (``reconfigure_for_independent_dp_rank``), the engine index on a MoE one.
+    data_parallel_rank: int | None = None
     weight_version: str | None = None  # get_weight_version's answer until one is set
     tp_size: int = 1  # workers per engine (one checksum map each)
     corrupt_param: str | None = None  # compute_weight_checksums: this parameter differs

@@ -164,7 +164,12 @@ def fault_tolerance_json(detail: EngineDetail) -> dict[str, Any] | None:
 def membership_json(m: MembershipEvent | None) -> dict[str, Any] | None:
     if m is None:
         return None
-    return {"event": m.event, "dp_rank": m.dp_rank, "unix": m.received_unix}
+    return {
+        "event": m.event,
+        "dp_rank": m.dp_rank,
+        "reported_rank": m.reported_rank,
+        "unix": m.received_unix,
+    }
 
 
 #: ``fault_tolerance.note`` where the attach mode cannot know (relay: pushes go to client 0).

@@ -25,6 +25,14 @@ from tests.harness.waiting import eventually
 VLLM_VERSION = "0.33.1"
 
 
+def answering(service: Service) -> bool:
+    """Every engine answered the last poll. A restarted exporter counts a reattached engine as
+    connected as soon as its connection is back, before it answers (docs/activity.md): a test
+    that means "reattached and usable" waits for this, not for ``connected_count``."""
+    engines = service.exporter.poller.snapshot.engines
+    return bool(engines) and all(e.up for e in engines)
+
+
 class IndexRecordingEngine(SimEngine):
     """A simulated engine that remembers the ``client_index`` of every request it decoded."""
 

@@ -268,7 +268,7 @@ class EngineDataPlane(OutputReader):
         restored = self._state.restore(links, expect, self.IGNORED_STATE)
         for link in links.values():  # reattachable without a record (owner mode's fixed ports)
             if link.phase is Phase.RESTORED and link.engine_index not in restored:
-                link.fault_status = unknown_since_restart()
+                link.fault_status = unknown_since_restart(bool(self._state.path))
         if restored:
             self._changed.set()
 

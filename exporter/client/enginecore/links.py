@@ -190,6 +190,17 @@ def is_engine_connection(link: EngineLink, fd: int) -> bool:
     return fd >= 0 and (fd == known or (known is None and link.live_peers == {fd}))
 
 
+def is_connected(link: EngineLink) -> bool:
+    """Whether the engine counts as connected (``/status`` ``connected``, what *hung* needs):
+    handshaken and up, or restored (reattached after an exporter restart without a handshake)
+    while the socket monitor shows a connection accepted on its output address. A restored
+    engine is not up before it answers; only this changes, so a silent one reads hung, not
+    disconnected. Either way it needs a slot the exporter can call it on."""
+    if link.slot is None:
+        return False
+    return link.phase is Phase.UP or (link.phase is Phase.RESTORED and bool(link.live_peers))
+
+
 def engine_connection_closed(link: EngineLink, fd: int) -> bool:
     """Whether connection ``fd`` closing (already out of ``live_peers``) means the engine is gone:
     its own connection once known, else the last connection (a stranger hanging up must not

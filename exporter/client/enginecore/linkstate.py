@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterable
 
 from exporter.client.enginecore.events import LinkSnapshot
-from exporter.client.enginecore.links import EngineLink, FleetShape, Phase
+from exporter.client.enginecore.links import EngineLink, FleetShape, Phase, is_connected
 from exporter.error import EngineUnavailable, HandshakeError
 from exporter.protocol import engine_identity
 from exporter.protocol.utility import MAX_CLIENT_INDEX
@@ -42,7 +42,7 @@ class LinkTable:
         return [
             LinkSnapshot(
                 engine_index=link.engine_index,
-                connected=self._connected(link),
+                connected=is_connected(link),
                 dead=link.phase is Phase.DEAD,
                 handshakes=link.handshakes,
                 registration=link.registration,
@@ -52,10 +52,6 @@ class LinkTable:
             )
             for link in self._links.values()
         ]
-
-    @staticmethod
-    def _connected(link: EngineLink) -> bool:
-        return link.phase is Phase.UP and link.slot is not None
 
     def is_callable(self, engine_index: int) -> bool:
         link = self._links[engine_index]
@@ -86,7 +82,7 @@ class LinkTable:
         return "not connected"
 
     def connected_count(self) -> int:
-        return sum(1 for link in self._links.values() if self._connected(link))
+        return sum(1 for link in self._links.values() if is_connected(link))
 
     async def wait_connected(self, timeout_s: float, indices: Iterable[int] | None = None) -> None:
         """Wait until every (given) engine is connected; HandshakeError on timeout."""

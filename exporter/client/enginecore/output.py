@@ -141,7 +141,8 @@ class OutputReader(LinkTable, abc.ABC):
     def _drain_monitor(self, limit: int | None = DRAIN_BATCH) -> None:
         """An engine's output connection closing means its process died or restarted: the
         engine is LOST (not connected, its calls in flight fail at once instead of at their
-        timeout: a SIGKILL sends no sentinel). A new connection makes it callable again.
+        timeout: a SIGKILL sends no sentinel). A new connection makes it callable, and
+        connected, again (RESTORED: ``links.is_connected``); it is UP once it answers.
         Which closes count: ``engine_connection_closed``. ``limit``: events handled before
         yielding (None: until none is queued, to judge a message on the current mapping)."""
         sock = self._output_monitor

@@ -128,14 +128,18 @@ def records_of(links: Iterable[EngineLink]) -> list[SlotRecord]:
     return records
 
 
-#: ``fault_info`` of an engine reattached after an exporter restart with no record of its status.
+#: ``fault_info`` of an engine reattached after an exporter restart with no record of its status:
+#: its state file had none for it, or the exporter runs without ``--state-file``.
 NOT_KNOWN_SINCE_RESTART = "not known since the exporter restarted (no record in the state file)"
+NOT_KNOWN_WITHOUT_STATE_FILE = "not known since the exporter restarted (no --state-file)"
 
 
-def unknown_since_restart() -> FaultStatus:
+def unknown_since_restart(with_state_file: bool = True) -> FaultStatus:
     """The status of an engine that reattaches without a handshake and without a record: it
-    pushes only on change, so whatever it said before is lost (fail closed: not healthy)."""
-    return FaultStatus(FT_UNKNOWN, NOT_KNOWN_SINCE_RESTART, time.time())
+    pushes only on change, so whatever it said before is lost (fail closed: not healthy). The
+    reason says which: a file without its record, or no file at all."""
+    why = NOT_KNOWN_SINCE_RESTART if with_state_file else NOT_KNOWN_WITHOUT_STATE_FILE
+    return FaultStatus(FT_UNKNOWN, why, time.time())
 
 
 def restore_links(records: Iterable[SlotRecord], links: Mapping[int, EngineLink]) -> list[int]:

@@ -35,8 +35,9 @@ target and kept out of logs, reprs and error texts.
 Every answer is read up to a fixed limit (``routes.MAX_ANSWER``; the weight checksums'
 ``MAX_CHECKSUM_ANSWER``): a longer one is a failed call naming the limit, its connection dropped.
 A dev route's read ends with the fan-out's deadline; a plugin target's gate read, which may
-serve the next poll, is abandoned after two deadlines (a body dripping a byte at a time), the
-target's engines ``timeout`` for that poll and the next poll asks afresh.
+serve the next poll (never a gate: ``plugin_read``), is abandoned after two deadlines (a body
+dripping a byte at a time), the target's engines ``timeout`` for that poll and the next poll
+asks afresh.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import aiohttp
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
+    LATE_ANSWERS,
     Capabilities,
     ClientCounters,
     EngineDetail,
@@ -213,6 +215,7 @@ class HttpFleetClient:
         """Call ``method`` on every target at once (only those labelled in ``engines`` when
         given); one outcome per called target, in target order."""
         check_allowed(method, self.allowed_methods)
+        asked_at = time.monotonic()  # a fresh read uses only answers to requests sent since
         spec = route(method, args)
         wanted = None if engines is None else set(engines)
         states = [s for s in self._states if wanted is None or not wanted.isdisjoint(s.labels())]
@@ -220,7 +223,9 @@ class HttpFleetClient:
             labels = [label for s in states for label in s.labels()]
             return [stopping(label) for label in labels if wanted is None or label in wanted]
         tasks = {
-            s.target.label: asyncio.create_task(self._call_target(s, method, spec, timeout_s))
+            s.target.label: asyncio.create_task(
+                self._call_target(s, method, spec, timeout_s, asked_at)
+            )
             for s in states
         }
         if not tasks:
@@ -254,24 +259,33 @@ class HttpFleetClient:
         return results
 
     async def _call_target(
-        self, state: TargetState, method: str, spec: Route, timeout_s: float
+        self, state: TargetState, method: str, spec: Route, timeout_s: float, asked_at: float
     ) -> list[EngineOutcome]:
         if method != "is_sleeping":
-            return await self._read_target(state, method, spec, timeout_s)
+            return await self._read_target(state, method, spec, timeout_s, asked_at)
         # Awaited within this deadline, so that this poll (or gate sample) reads the fresh
-        # status; a slower answer is recorded when it comes, for the next one.
+        # status. The poll's: a slower answer is recorded when it comes, for the next one. Any
+        # other read's (a gate's ``healthy``): only a read started since it was asked, and
+        # ``unknown`` when none came in time (``FaultStatusReader.fresh``).
         deadline = time.monotonic() + timeout_s * 0.9
-        ft = self._fault_reads.refresh(state.fault_read, state.labels(), timeout_s)
-        outcomes = await self._read_target(state, method, spec, timeout_s)
+        reads, labels = self._fault_reads, state.labels()
+        if not LATE_ANSWERS.get():
+            fresh = reads.fresh(state.fault_read, labels, timeout_s, asked_at, deadline)
+            outcomes, _ = await asyncio.gather(
+                self._read_target(state, method, spec, timeout_s, asked_at), fresh
+            )
+            return outcomes
+        ft = reads.refresh(state.fault_read, labels, timeout_s)
+        outcomes = await self._read_target(state, method, spec, timeout_s, asked_at)
         if ft is not None:
             await asyncio.wait((ft,), timeout=max(0.0, deadline - time.monotonic()))
         return outcomes
 
     async def _read_target(
-        self, state: TargetState, method: str, spec: Route, timeout_s: float
+        self, state: TargetState, method: str, spec: Route, timeout_s: float, asked_at: float
     ) -> list[EngineOutcome]:
         if isinstance(state, PluginTargetState):
-            return await self._plugin.read(state, method, timeout_s)
+            return await self._plugin.read(state, method, timeout_s, asked_at)
         return [await self._call_one(state, method, spec)]
 
     async def _gate_request(self, state: PluginTargetState, spec: Route) -> Reply:

@@ -51,6 +51,8 @@ class FaultRead:
     server_url: str
     per_rank: bool
     task: asyncio.Task[None] | None = None
+    #: When ``task`` was started (monotonic): a fresh read never joins one started before it.
+    started_at: float = 0.0
     missing_at: float | None = None
     route: int = 0
 
@@ -83,10 +85,36 @@ class FaultStatusReader:
             return read.task
         if read.missing_at is not None and time.monotonic() - read.missing_at < FT_RECHECK_S:
             return None
+        read.started_at = time.monotonic()
         task = read.task = asyncio.create_task(self._fetch(read, labels, timeout_s))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    async def fresh(
+        self, read: FaultRead, labels: list[str], timeout_s: float, asked_at: float, deadline: float
+    ) -> None:
+        """A read that started at or after ``asked_at``, awaited until ``deadline`` (a gate's:
+        its ``healthy`` condition must not pass on a status read before it was asked). One
+        still running from earlier is waited for first (one read at a time per server); a read
+        not done by the deadline leaves the target's ranks ``unknown``, never the status kept."""
+        task = read.task
+        if task is not None and not task.done() and read.started_at < asked_at:
+            await asyncio.wait((task,), timeout=max(0.0, deadline - time.monotonic()))
+            if not task.done():
+                self._not_in_time(read, labels)
+                return
+        task = self.refresh(read, labels, timeout_s)
+        if task is None:
+            return
+        await asyncio.wait((task,), timeout=max(0.0, deadline - time.monotonic()))
+        if not task.done():
+            self._not_in_time(read, labels)
+
+    def _not_in_time(self, read: FaultRead, labels: list[str]) -> None:
+        for label in labels if read.per_rank else [read.label]:
+            if label in self._pushes.fault_status:
+                self._pushes.set_unknown(label, "not read: no answer before the gate's deadline")
 
     async def _fetch(self, read: FaultRead, labels: list[str], timeout_s: float) -> None:
         try:

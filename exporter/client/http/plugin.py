@@ -38,7 +38,7 @@ from yarl import URL
 
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.protocol.activity import RequestCounts, read_activity_json
-from exporter.protocol.strings import bound_text, bound_value
+from exporter.protocol.strings import ascii_digits, bound_text, bound_value
 
 PLUGIN_SUFFIX = "/dp"
 #: The gate's key of each read method.
@@ -195,7 +195,7 @@ def _entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(entry, dict):
             continue
         rank, values, failures = entry.get("engine"), entry.get("values"), entry.get("failures")
-        if not (isinstance(rank, str) and rank.isdigit() and len(rank) <= 5):
+        if not (isinstance(rank, str) and ascii_digits(rank) and len(rank) <= 5):
             continue
         if not isinstance(values, dict) or not isinstance(failures, list):
             continue

@@ -2,9 +2,11 @@
 shared by a poll's read methods becomes one outcome per rank.
 
 The server's own fan-out waits up to its own call timeout for a hung engine, so its answer may
-come after this poll's deadline: it then serves the next poll, if no older than two deadlines;
-a read that outlives two deadlines is abandoned (a body dripping a byte at a time is never
-waited for), and every answer is read up to ``MAX_ANSWER``. Each rank's requests are those of
+come after this poll's deadline: it then serves the next poll, if no older than two deadlines
+(``LATE_ANSWERS``: the poller's reads only). Any other read (the gate's) is fresh: it uses only
+a request started since it was asked, or times out, never the last answer. A request that
+outlives two deadlines is abandoned (a body dripping a byte at a time is never waited for), and
+every answer is read up to ``MAX_ANSWER``. Each rank's requests are those of
 the answer the last read used (``plugin.gate_counts``; none after an answer that failed). Admin
 actions are not relayed to such a server (it runs them on its own ``POST
 <url>/admin/<action>``).
@@ -18,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from exporter.client.fleet import EngineOutcome, Outcome, timed_out
+from exporter.client.fleet import LATE_ANSWERS, EngineOutcome, Outcome, timed_out
 from exporter.client.http.plugin import (
     ACTION_HINT,
     GATE_KEYS,
@@ -30,7 +32,7 @@ from exporter.client.http.plugin import (
 from exporter.client.http.routes import Reply, Retryable, Route, answer_too_long, connection_error
 from exporter.client.http.target import PluginTargetState
 
-#: A plugin target's gate answer serves the read methods of requests started this soon after.
+#: A plugin target's gate answer serves the poll's read methods started this soon after.
 PLUGIN_SHARE_S = 0.1
 GATE_ROUTE = Route("GET", "/gate")
 
@@ -47,13 +49,19 @@ class PluginReads:
         self._dropped = dropped
 
     async def read(
-        self, state: PluginTargetState, method: str, timeout_s: float
+        self,
+        state: PluginTargetState,
+        method: str,
+        timeout_s: float,
+        asked_at: float | None = None,
     ) -> list[EngineOutcome]:
-        """One outcome per engine of ``state`` for read method ``method``."""
+        """One outcome per engine of ``state`` for read method ``method``, asked at
+        ``asked_at`` (``time.monotonic``; None: now): the reads of one fan-out share it."""
         if method not in GATE_KEYS:
             hint = ACTION_HINT.format(url=state.target.url)
             return [EngineOutcome(label, Outcome.FAILED, error=hint) for label in state.labels()]
-        answer = await self._answer(state, timeout_s)
+        since = time.monotonic() if asked_at is None else asked_at
+        answer = await self._answer(state, timeout_s, since)
         if answer is None:
             state.forget_counts()
             return [timed_out(label, timeout_s) for label in state.labels()]
@@ -75,18 +83,24 @@ class PluginReads:
             return [EngineOutcome(state.target.label, outcome.outcome, error=outcome.error)]
         return gate_outcomes(state.target.label, state.ranks, method, status, body, duration)
 
-    async def _answer(self, state: PluginTargetState, timeout_s: float) -> GateAnswer | None:
-        """A gate answer for this poll: one ``GET <url>/gate`` shared by the poll's read
-        methods (started within ``PLUGIN_SHARE_S``, or still running, it is reused). None: no
-        answer to use (every engine of the target timed out)."""
+    async def _answer(
+        self, state: PluginTargetState, timeout_s: float, since: float
+    ) -> GateAnswer | None:
+        """A gate answer for this read: one ``GET <url>/gate`` shared by the reads of a fan-out.
+        A fresh read uses only a request started at or after ``since`` and times out without
+        one; the poll's (``LATE_ANSWERS``) also shares one started within ``PLUGIN_SHARE_S`` or
+        still running, and past its deadline takes the last answer no older than two deadlines.
+        None: no answer to use (every engine of the target timed out)."""
+        late = LATE_ANSWERS.get()
         task = state.sample
-        fresh = time.monotonic() - state.sampled_at < PLUGIN_SHARE_S
-        if task is None or not (fresh or not task.done()):
+        if task is None or not _shares(state, task, since, late):
             state.sampled_at = time.monotonic()
             task = state.sample = asyncio.ensure_future(self._fetch(state, timeout_s))
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout_s * 0.9)
         except asyncio.TimeoutError:
+            if not late:  # a fresh read: the last answer was asked for before it
+                return None
             recent = time.monotonic() - state.answered_at < 2 * timeout_s
             return state.answered if recent else None
 
@@ -113,3 +127,13 @@ class PluginReads:
         state.answered = GateAnswer(reply.status, reply.body, duration)
         state.answered_at = time.monotonic()
         return state.answered
+
+
+def _shares(
+    state: PluginTargetState, task: asyncio.Task[GateAnswer], since: float, late: bool
+) -> bool:
+    """Whether a read asked at ``since`` uses the request ``task`` (started at
+    ``state.sampled_at``): one started since, or, for the poll, one running or just started."""
+    if state.sampled_at >= since:
+        return True
+    return late and (not task.done() or time.monotonic() - state.sampled_at < PLUGIN_SHARE_S)

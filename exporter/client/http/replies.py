@@ -31,13 +31,14 @@ engine to the exporter gets the worst of its ranks, ``worst_fault_status``).
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Callable
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.client.http.consensus import MAX_INCONSISTENT_VALUES as MAX_INCONSISTENT_VALUES
+from exporter.client.http.consensus import parse_inconsistent as parse_inconsistent
 from exporter.protocol.activity import (
     MAX_RANKS,
     METRIC_STATES,
@@ -64,26 +65,16 @@ NO_SUCCESS_FIELD = "server did not report success (vLLM older than 0.26?)"
 UNSUPPORTED_HINT = "route not found on this server"
 #: Methods whose 404 means dev mode is off (their routes exist in every supported vLLM).
 DEV_MODE_METHODS = frozenset({"is_sleeping", "reset_prefix_cache"})
-_INCONSISTENT = re.compile(
-    r"(?:^|: )Engines returned different (\w+) results: (\[.*\])\s*$", re.DOTALL
-)
-#: vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``, 0.32 and 0.33): "failed to call m:
-#: utility call `m` returned inconsistent results across engines: [false, true]", values JSON.
-_RUST_INCONSISTENT = re.compile(
-    r"(?:^|: )utility call `(\w+)` returned inconsistent results across engines: (\[.*\])\s*$",
-    re.DOTALL,
-)
 _RANK_PREFIX = re.compile(r"^(?:(?:dp|pp|pcp|tp|ep)\d+:)+")
-#: Values of one inconsistent answer kept (one per engine of that API server); the rest are
-#: summed up in one last marker value.
-MAX_INCONSISTENT_VALUES = 1024
 
 
 def _error_message(body: bytes) -> str | None:
-    """vLLM's error envelope ``{"error": {"message": ...}}`` or FastAPI's ``{"detail": ...}``."""
+    """vLLM's error envelope ``{"error": {"message": ...}}`` or FastAPI's ``{"detail": ...}``;
+    None for a body of another shape (deep nesting included: one linear C parse of a body
+    the read limit already bounds)."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if isinstance(data, dict):
         err = data.get("error")
@@ -95,38 +86,6 @@ def _error_message(body: bytes) -> str | None:
         if detail is not None:
             return detail if isinstance(detail, str) else json.dumps(detail)
     return None
-
-
-def parse_inconsistent(message: str, method: str) -> tuple[Any, ...] | None:
-    """The values of vLLM's "Engines returned different <method> results: [...]" message
-    (also behind a route's own prefix, "Failed to fetch pause status: Engines ..."), or of
-    its Rust front end's "utility call `<method>` returned inconsistent results across
-    engines: [...]" (the values as JSON)."""
-    text = message.strip()
-    m = _INCONSISTENT.search(text)
-    rust = m is None
-    if rust:
-        m = _RUST_INCONSISTENT.search(text)
-    if m is None or m.group(1) != method:
-        return None
-    try:
-        values = json.loads(m.group(2)) if rust else ast.literal_eval(m.group(2))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    if not isinstance(values, list):
-        return None
-    kept = [_plain(v) for v in values[:MAX_INCONSISTENT_VALUES]]
-    if len(values) > MAX_INCONSISTENT_VALUES:
-        kept.append(f"…[cut: {len(values) - MAX_INCONSISTENT_VALUES} more values]")
-    return tuple(kept)
-
-
-def _plain(value: Any) -> Any:
-    """One value of vLLM's list repr as JSON can carry it: scalars (strings cut), anything
-    else (``literal_eval`` also builds sets, tuples, bytes) as its cut repr."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    return bound_text(value if isinstance(value, str) else repr(value))
 
 
 def rank_prefix(key: str) -> str:

@@ -69,6 +69,13 @@ FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
 FRONT_END_TIMEOUT_S = 5.0
 ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
+#: The method whose answer the front end's own count of unfinished requests can contradict.
+HAS_WORK = "has_work"
+#: Why such a rank's ``has_work`` false is not read as drained (``_fail_closed``).
+OWN_COUNT_UNREADABLE = (
+    "has_work false, but the front end's count of this engine's unfinished requests "
+    "(vLLM's engine_inflight) cannot be read: unknown, never drained"
+)
 
 
 class InProcessFleetClient:
@@ -152,7 +159,7 @@ class InProcessFleetClient:
     @property
     def capabilities(self) -> Capabilities:
         """Fault-tolerance status where this vLLM's front end keeps a table of it; request
-        counts where it subscribes to the DP coordinator's (``VllmCore.request_counts``)."""
+        counts from the DP coordinator's and the front end's own (``VllmCore.request_counts``)."""
         return Capabilities(fault_status=self.core.keeps_fault_status(), request_counts=True)
 
     def supports(self, method: str) -> bool:
@@ -256,9 +263,31 @@ class InProcessFleetClient:
                 else:  # left running: vLLM's future is removed only by the reply
                     results[label] = timed_out(label, timeout_s)
         outcomes = [results[label] for label, _ in targets]
+        if method == HAS_WORK:
+            outcomes = self._fail_closed(outcomes)
         if method in FRONT_END_METHODS and engines is None and all(o.ok for o in outcomes):
             await self._keep_front_end(method, args, outcomes)
         return outcomes
+
+    def _fail_closed(self, outcomes: list[EngineOutcome]) -> list[EngineOutcome]:
+        """``has_work`` false from a rank whose front-end count of unfinished requests
+        (``VllmCore.own_unfinished``) cannot be read is no answer to call it drained on:
+        failed, saying why (as HTTP mode's unreadable ``/metrics``). Any other answer stays."""
+        idle = [o for o in outcomes if o.ok and o.value is False]
+        if not idle:
+            return outcomes
+        held = self.core.own_unfinished([int(o.engine) for o in idle])
+        unknown = {str(rank) for rank, count in (held or {}).items() if count is None}
+        if not unknown:
+            return outcomes
+        return [
+            EngineOutcome(
+                o.engine, Outcome.FAILED, error=OWN_COUNT_UNREADABLE, duration_s=o.duration_s
+            )
+            if o.engine in unknown and o.ok and o.value is False
+            else o
+            for o in outcomes
+        ]
 
     async def _keep_front_end(
         self, method: str, args: tuple[Any, ...], outcomes: list[EngineOutcome]

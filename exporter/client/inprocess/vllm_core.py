@@ -20,7 +20,11 @@ vLLM's API server and ``AsyncLLM`` hold an engine-core client (``AsyncMPClient``
   ``[waiting, running, kv_cache_usage]`` of each managed rank, what vLLM's front end routes by.
   Only live while the front end's subscription to the coordinator runs
   (``resources.stats_update_task``; vLLM's internal load balancing): otherwise the table stays
-  at its initial zeros, so it is not read at all (unknown, never idle).
+  at its initial zeros or its last publication, so it is not read at all (unknown, never idle);
+* ``engine_inflight`` (``DPLBAsyncMPClient``, optional): this front end's unfinished requests
+  per engine identity, what vLLM's router scores by beside the table. Read whatever the
+  table's state: a floor of each rank's counts; a rank whose count cannot be read is unknown,
+  never 0 (``own_unfinished``).
 
 Everything else of vLLM stays out of the exporter: this module imports nothing from vLLM (the
 caller passes ``vllm.__version__`` and the sleep-mode flag), and ``check_core`` says, in one
@@ -207,30 +211,83 @@ class VllmCore:
                 found[rank] = read_rank_status(entry, rank)
         return found
 
-    def request_counts(self, ranks: Sequence[int]) -> dict[int, RequestCounts] | None:
-        """Rank → its running and waiting requests from the front end's load-balancing table
-        (``lb_engines``), for ``ranks`` only, each entry read by the one rule (a rank whose
-        entry is not two counts is left out: unknown). None when this front end has no live
-        table (no coordinator subscription, or it ended)."""
+    def request_counts(self, ranks: Sequence[int]) -> dict[int, RequestCounts]:
+        """Rank → its running and waiting requests, for ``ranks`` only: the coordinator's
+        counts from the front end's load-balancing table (``lb_engines``) where it is live and
+        the rank's entry reads, each raised to the front end's own unfinished requests on that
+        rank (``own_unfinished``); where the table is dead, missing, not a list or the entry
+        unreadable, the own count alone when above 0 (a floor: vLLM's router keeps scoring by
+        it). A rank with neither is left out: unknown, never idle."""
+        table = self._coordinator_counts(ranks)
+        held = self.own_unfinished(ranks) or {}
+        found = {}
+        for rank in ranks:
+            counts, own = table.get(rank), held.get(rank)
+            if counts is not None:
+                found[rank] = with_in_flight_floor(counts, own)
+            elif own:
+                found[rank] = RequestCounts(own, 0)
+        return found
+
+    def _coordinator_counts(self, ranks: Sequence[int]) -> dict[int, RequestCounts]:
+        """Rank → the coordinator's counts in ``lb_engines``, each entry read by the one rule;
+        empty while the front end's subscription to the coordinator is not running (the table
+        then holds what it held last, or its initial zeros) or the table is not vLLM's.
+        Whatever vLLM's objects hold, nothing raises on its loop."""
         core = self.core
-        task = getattr(core.resources, "stats_update_task", None)
-        if task is None or (callable(getattr(task, "done", None)) and task.done()):
-            return None
-        table = getattr(core, "lb_engines", None)
-        managed = getattr(core, "engine_ranks_managed", None)
-        if not isinstance(table, list) or not isinstance(managed, list):
+        try:
+            task = getattr(core.resources, "stats_update_task", None)
+            if task is None or (callable(getattr(task, "done", None)) and task.done()):
+                return {}
+            table = getattr(core, "lb_engines", None)
+            managed = getattr(core, "engine_ranks_managed", None)
+            if not isinstance(table, list) or not isinstance(managed, list):
+                return {}
+            wanted = set(ranks)
+            found = {}
+            for position, rank in enumerate(managed[: len(table)]):
+                if type(rank) is int and rank in wanted:
+                    counts = read_lb_entry(table[position])
+                    if counts is not None:
+                        found[rank] = counts
+            return found
+        except Exception:  # a table of another kind: no counts, never an error in vLLM
+            log.debug("lb_engines unreadable", exc_info=True)
+            return {}
+
+    def own_unfinished(self, ranks: Sequence[int]) -> dict[int, int | None] | None:
+        """Rank → this front end's unfinished requests on it (``engine_inflight``: vLLM
+        0.30-0.33's ``DPLBAsyncMPClient`` keeps a ``Counter`` by engine identity, "exact
+        per-engine count of this client's unfinished requests"; a list in ``core_engines``'
+        order is read by position), for ``ranks`` only, whatever the coordinator's table
+        says. None for a rank whose count cannot be read (negative, huge, not a whole number,
+        a look-up that raises, a list of another length): unknown, never 0. None as a whole
+        when this front end keeps no such count (vLLM's other clients: DP 1, external load
+        balancing)."""
+        inflight = getattr(self.core, "engine_inflight", None)
+        if inflight is None:
             return None
         wanted = set(ranks)
-        found = {}
-        inflight = getattr(core, "engine_inflight", None)
-        identities = getattr(core, "core_engines", None)
-        for position, rank in enumerate(managed[: len(table)]):
-            if type(rank) is int and rank in wanted:
-                counts = read_lb_entry(table[position])
-                if counts is not None:
-                    held = _own_unfinished(inflight, identities, position)
-                    found[rank] = with_in_flight_floor(counts, held)
-        return found
+        held: dict[int, int | None] = {}
+        try:
+            identities = list(self.core.core_engines)
+        except Exception:  # engines() fails the same way: nothing to say of any rank
+            return dict.fromkeys(ranks)
+        by_position = isinstance(inflight, (list, tuple))
+        for position, identity in enumerate(identities):
+            try:
+                rank = rank_of(identity)
+                if rank not in wanted:
+                    continue
+                held[rank] = None
+                if by_position:
+                    if len(inflight) == len(identities):
+                        held[rank] = read_count(inflight[position])
+                elif isinstance(inflight, Mapping):
+                    held[rank] = read_count(inflight.get(identity, 0))
+            except Exception:  # a look-up that raises: that rank's count is not known
+                continue
+        return held
 
     def elastic_ep_status(self) -> Callable[[], Awaitable[Any]] | None:
         """``get_external_elastic_ep_status`` of the ``AsyncLLM`` (vLLM 0.33; of the
@@ -284,20 +341,6 @@ def _kv_source(rank: int, config: Any) -> KvEventsSource | None:
 
 def _rank_key(entry: tuple[str, bytes]) -> int:
     return int(entry[0])
-
-
-def _own_unfinished(inflight: Any, identities: Any, position: int) -> int | None:
-    """This front end's unfinished requests on the engine at ``position`` (vLLM 0.30-0.33's
-    ``DPLBAsyncMPClient.engine_inflight``, "exact per-engine count of this client's unfinished
-    requests", by engine identity); None where this vLLM has no such count or it is not one."""
-    if not isinstance(inflight, dict) or not isinstance(identities, list):
-        return None
-    if not 0 <= position < len(identities):
-        return None
-    try:
-        return read_count(inflight.get(identities[position], 0))
-    except Exception:  # an identity that cannot be a key, a table that raises: not known
-        return None
 
 
 def with_in_flight_floor(counts: RequestCounts, held: int | None) -> RequestCounts:

@@ -31,7 +31,8 @@ State file (``state_file``): after each READY the exporter writes, atomically, i
 each handshaken engine's identity and client_index. A restarted exporter on the same fixed
 addresses restores those engines (when every field of the file is possible: ``state_check``)
 as callable at once (the engines reconnect at the ZMQ level and never handshake again); an
-engine counts as connected again once it answers.
+engine counts as connected again once the socket monitor sees its connection, up once it
+answers (``links.is_connected``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hung is not slow, in every attach mode (issue #32, section 2; docs/activity.md): a rank whose
+"""Hung is not slow, in every attach mode (docs/activity.md): a rank whose
 connection is alive but that answers no call for ``--hung-after`` is ``hung`` (not
 ``unknown``, ``disconnected`` or ``dead``), its neighbours keep their values, no inconsistency
 is counted, it is not routable, and it recovers by itself when it answers again. The poller

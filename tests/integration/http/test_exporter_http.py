@@ -320,3 +320,32 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     assert key_shape(http_status) == key_shape(zmq_status)
     assert http_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"
     assert zmq_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"
+
+
+@pytest.mark.parametrize("front_end", [None, "0.32.0"], ids=["python", "rust"])
+async def test_a_target_whose_ranks_always_disagree_answers_and_is_never_hung(
+    start_api: StartApi, start_exporter: ServiceFactory, front_end: str | None
+) -> None:
+    """Every read route answers the consensus error in milliseconds (the ranks behind one API
+    server disagree on sleeping, paused and the weight version): the target answered, so it
+    is never ``hung`` and its unresponsive seconds stay 0 past ``--hung-after``."""
+    odd = SimOptions(sleeping=True, weight_version="v2")
+    b = await start_api(
+        engines=3,
+        engine_options=[SimOptions(weight_version="v1"), odd, SimOptions(weight_version="v1")],
+        rust_front_end=front_end,
+    )
+    a = await start_api(engines=1)
+    config = http_config([f"node-a={a.url}", f"node-b={b.url}"], hung_after=0.5, call_timeout=0.5)
+    ex = await start_exporter(config)
+    for _ in range(4):  # over 1 s of polls: past --hung-after
+        await ex.fresh_poll()
+        await asyncio.sleep(0.3)
+    await ex.fresh_poll()
+    status = await ex.status()
+    node_b = {e["engine"]: e for e in status["engines"]}["node-b"]
+    outcomes = {m: i["outcome"] for m, i in node_b["invariants"].items()}
+    assert set(outcomes.values()) == {"inconsistent"}, outcomes
+    assert node_b["state"] != "hung" and node_b["unresponsive_seconds"] == 0, node_b
+    text = await ex.metrics()
+    assert value(text, "vllm_dp_engine_unresponsive_seconds", engine="node-b") == 0

@@ -443,3 +443,31 @@ async def test_a_hostile_status_string_is_cut_and_never_a_label(
     assert client.faults.counts.get(BAD_FT_STATUS, 0) == 0
     status, body = await gate(ex)
     assert status == 412 and body["failing_engines"] == ["middle"] and len(json.dumps(body)) < 4096
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=NAMES)
+async def test_a_gate_never_passes_on_a_status_read_before_it_was_asked(
+    start_api: StartApi, start_exporter: ServiceFactory, position: int
+) -> None:
+    """A server whose route answers slower than the gate's deadline (0.7 s against 0.9 times a
+    0.5 s call timeout) after its rank turned unhealthy: ``healthy=true`` is 412 with the
+    target's status unknown, never 200 from the healthy status an earlier read kept."""
+    apis = [
+        await start_api(engines=2, story_offset=2 * i, fault_tolerance=True) for i in range(3)
+    ]
+    targets = [f"{name}={api.url}" for name, api in zip(NAMES, apis, strict=True)]
+    ex = await start_exporter(http_config(targets, gate_min_interval=0, call_timeout=0.5))
+    await ex.fresh_poll()
+    assert (await gate(ex))[0] == 200
+    apis[position].sim.ft_delay_s = 0.7
+    apis[position].sim.set_fault_status(1, "unhealthy", "RuntimeError")
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, [NAMES[position]]), body
+    [failing] = [e for e in body["engines"] if e["engine"] == NAMES[position]]
+    assert any("not read" in f for f in failing["failures"]), failing
+    # Once the route answers in time again, the gate reads the rank's real status.
+    apis[position].sim.ft_delay_s = 0.0
+    status, body = await gate(ex)
+    assert (status, body["failing_engines"]) == (412, [NAMES[position]]), body
+    [failing] = [e for e in body["engines"] if e["engine"] == NAMES[position]]
+    assert any("RuntimeError" in f for f in failing["failures"]), failing

@@ -337,6 +337,37 @@ async def test_duplicated_series_are_summed(
     assert by_engine(body)["middle"]["requests"] == {"running": 3, "waiting": 1}
 
 
+def cancelling(rank: int, first: str, second: str) -> bytes:
+    """``/metrics`` where ``rank``'s running requests are two ``model_name`` series whose sum
+    reads as a count (``3`` and ``-3``), beside a sound next rank."""
+    return (
+        f'vllm:num_requests_running{{engine="{rank}",model_name="a"}} {first}\n'
+        f'vllm:num_requests_running{{engine="{rank}",model_name="b"}} {second}\n'
+        f'vllm:num_requests_waiting{{engine="{rank}",model_name="a"}} 0.0\n'
+    ).encode() + pairs((rank + 1, "0.0", "0.0"))
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [("3.0", "-3.0"), ("1.5", "0.5"), ("1e30", "-1e30")],
+    ids=["negative", "fractions", "huge"],
+)
+async def test_samples_that_cancel_out_are_unknown_never_drained(
+    start_api: StartApi, start_exporter: ServiceFactory, samples: tuple[str, str]
+) -> None:
+    """Each sample is checked before any sum: ``running 3`` plus ``running -3`` of one engine
+    is not the idle 0 it sums to; the gate answers 412 for that target."""
+    apis = await servers(start_api)
+    ex = await exporter(start_exporter, apis)
+    assert (await gate(ex, "?drained=true"))[0] == 200
+    apis[1].sim.metrics_answer = cancelling(2, *samples)
+    status, body = await gate(ex, "?drained=true")
+    assert (status, body["failing_engines"]) == (412, ["middle"]), body
+    middle = by_engine(body)["middle"]
+    assert middle["requests"] is None and middle["values"]["drained"] is None, middle
+    assert middle["failures"][0].startswith("drained: unknown, has_work: failed"), middle
+
+
 async def test_an_unreadable_answer_is_asked_again_next_poll(
     start_api: StartApi, start_exporter: ServiceFactory
 ) -> None:

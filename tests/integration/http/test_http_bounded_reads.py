@@ -1,7 +1,8 @@
-"""HTTP mode reads every answer from a target up to a fixed limit (issue #30, item 2): a body
-that never ends, one over the limit, one that drips a byte at a time — from a plain target's dev
-routes or a plugin target's ``/dp/gate``, first, middle or last — is that target's failure for
-the poll (``failed`` naming the limit, or ``timeout``), its connection dropped; the target is
+"""HTTP mode reads every answer from a target up to a fixed limit (docs/reliability.md, E2):
+a body that never ends, one over the limit, one that drips a byte at a time — from a plain
+target's dev routes or a plugin target's ``/dp/gate``, first, middle or last — is that
+target's failure for the poll (``failed`` naming the limit, or ``timeout``), its connection
+dropped; the target is
 asked again next poll, the exporter's memory stays bounded and ``/metrics`` and ``/status`` keep
 answering. Real sockets both ways: a hostile aiohttp server (``tests/harness/hostile_api.py``)
 and the exporter served over HTTP."""

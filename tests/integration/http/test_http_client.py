@@ -370,7 +370,7 @@ def test_interpret_reset() -> None:
 async def test_the_rust_front_ends_consensus_error_is_inconsistent_not_failed(
     start_api: StartApi, clients: list[HttpFleetClient], release: str
 ) -> None:
-    """vLLM's Rust front end answers a disagreement with its own 500 (issue 34): read as the
+    """vLLM's Rust front end answers a disagreement with its own 500: read as the
     inconsistency it is, with every engine's value, on each consensus route."""
     a = await start_api(
         engines=2,

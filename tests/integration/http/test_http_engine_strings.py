@@ -137,14 +137,24 @@ async def test_megabyte_api_server_strings_are_cut_like_engine_strings(
         assert sum(len(r.getMessage()) for r in caplog.records) < SMALL
 
 
-async def test_values_of_a_megabyte_disagreement_are_cut() -> None:
-    """An API server whose own engines disagree about a 1 MB weight version answers vLLM's 500
-    naming both values: the target is inconsistent, each value cut."""
+@pytest.mark.parametrize(
+    ("length", "outcome"),
+    [(10_000, "inconsistent"), (HUGE, "failed")],
+    ids=["within_the_bound", "a_megabyte"],
+)
+async def test_values_of_a_long_disagreement_are_cut(length: int, outcome: str) -> None:
+    """An API server whose own engines disagree about a long weight version answers vLLM's 500
+    naming both values: within ``MAX_CONSENSUS_MESSAGE`` the target is inconsistent with each
+    value cut; a megabyte message is not parsed at all, the target's call failed (its error
+    cut), and nothing grows."""
     servers = ApiServers()
     try:
         split = await servers.start(
             engines=2,
-            engine_options=[SimOptions(weight_version="v" * HUGE), SimOptions(weight_version="v1")],
+            engine_options=[
+                SimOptions(weight_version="v" * length),
+                SimOptions(weight_version="v1"),
+            ],
         )
         config = http_config([f"0={split.url}"], poll_interval=0.05, gate_min_interval=0)
         run = await start_service(config)
@@ -153,10 +163,13 @@ async def test_values_of_a_megabyte_disagreement_are_cut() -> None:
             found = await sizes(run)
             assert all(size < SMALL for size in found.values()), found
             doc = (await run.status())["engines"][0]["invariants"]["get_weight_version"]
-            assert doc["outcome"] == "inconsistent"
-            long_value, short_value = doc["values"]
-            assert is_cut(long_value) and len(long_value.encode()) <= MAX_ENGINE_STRING
-            assert short_value == "v1"
+            assert doc["outcome"] == outcome, doc
+            if outcome == "inconsistent":
+                long_value, short_value = doc["values"]
+                assert is_cut(long_value) and len(long_value.encode()) <= MAX_ENGINE_STRING
+                assert short_value == "v1"
+            else:
+                assert is_cut(doc["error"]) and len(doc["error"].encode()) <= MAX_ENGINE_STRING
         finally:
             await run.stop()
     finally:

@@ -1,6 +1,7 @@
-"""Which front end each HTTP-mode target runs (issue 34): vLLM's Python API server, or its Rust
-front end (``GET /version`` adds ``rust_frontend_version``), shown as ``vllm_dp_engine_info``
-labels, in ``/status``, on the page and through the Python client, over real HTTP."""
+"""Which front end each HTTP-mode target runs (docs/deployment-rust-front-end.md): vLLM's
+Python API server, or its Rust front end (``GET /version`` adds ``rust_frontend_version``),
+shown as ``vllm_dp_engine_info`` labels, in ``/status``, on the page and through the Python
+client, over real HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A plugin target's ranks follow its ``/dp/gate`` answers (issue #30, item 5): at most 1,024 per
+"""A plugin target's ranks follow its ``/dp/gate`` answers: at most 1,024 per
 target (an answer naming more is cut to its first 1,024), a rank missing from
 ``RANK_ABSENT_ANSWERS`` answers in a row dropped — a server that scaled down no longer pins the
 fleet at ``unknown``, and a server naming new ranks every answer cannot grow the exporter.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -128,3 +129,31 @@ async def test_an_answer_naming_more_than_1024_ranks_is_cut_to_its_first_1024() 
         doc = await status(run)
         outcomes = {e["invariants"]["is_sleeping"]["outcome"] for e in doc["engines"]}
         assert outcomes == {"ok"} and len(doc["engines"]) == MAX_ENGINES + 4
+
+
+@pytest.mark.parametrize("position", list(POSITIONS))
+@pytest.mark.parametrize(
+    "rank", ["\u00b2", "\u0661", "\uff11"], ids=["superscript", "arabic", "fullwidth"]
+)
+async def test_a_rank_that_is_not_ascii_digits_is_dropped_alone(
+    position: str, rank: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server naming rank "²" (``str.isdigit`` takes it, ``int()`` refuses it), or the
+    Arabic-Indic or fullwidth one (``int()`` reads 1) beside its ranks 0 and 1: that entry is
+    unreadable and dropped, ranks 0 and 1 read right (never the whole target down), no rank 1
+    made of another, nothing logged at ERROR."""
+    target = f"t{POSITIONS[position]}"
+    doc = gate_doc([0, 1])
+    doc["engines"].append({**doc["engines"][0], "engine": rank, "values": {"sleeping": True}})
+    with caplog.at_level(logging.ERROR):
+        async with sidecar(POSITIONS[position]) as (run, api):
+            api.json(GATE, doc)
+            asked = api.asked[GATE]
+            await eventually(lambda: api.asked[GATE] - asked >= 3, 10, "three gate answers")
+            await run.fresh_poll()
+            assert labels_of(run, target) == [f"{target}/0", f"{target}/1"]
+            status_doc = await status(run)
+            mine = [e for e in status_doc["engines"] if e["engine"].startswith(target + "/")]
+            assert [e["invariants"]["is_sleeping"]["value"] for e in mine] == [False, False]
+            assert status_doc["aggregate"]["is_sleeping"]["state"] == "consistent"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -4,7 +4,8 @@ only while the front end's subscription to the DP coordinator runs
 (``resources.stats_update_task``). With the coordinator simulated
 (``SimEngineCore.start_coordinator``), ``/status`` activity and ``vllm_dp_engine_requests``
 follow the simulated engines' requests; a hostile entry makes that rank's counts null; without
-the subscription (never started, or ended) every rank's counts are null, never zero. Real ZMQ
+the subscription (never started, or ended) every rank's counts are null, never zero (the
+front end's own requests still count: test_inprocess_floor.py). Real ZMQ
 engines behind the simulated ``AsyncLLM``, the exporter embedded with ``start_exporter`` and
 read over real HTTP."""
 
@@ -158,15 +159,19 @@ async def test_requests_a_keep_pause_hides_are_counted_from_the_front_ends_own_c
     [{b"\x01\x00": -3}, {b"\x01\x00": "many"}, {b"\x01\x00": 1e30}, "not a map"],
     ids=["negative", "string", "huge", "not_a_map"],
 )
-async def test_a_hostile_in_flight_count_leaves_the_coordinators_counts(
+async def test_a_hostile_in_flight_count_leaves_the_coordinators_counts_and_is_not_drained(
     sim_vllm: SimVllm, embedded: EmbeddedExporters, inflight: Any
 ) -> None:
+    """The coordinator's counts stand; the rank whose own count cannot be read (every rank
+    when the table is not a map) is not drained: its ``has_work`` false is unknown."""
     service = await embedded(sim_vllm.llm)
     coordinate(sim_vllm)
     core: Any = sim_vllm.core
     core.engine_inflight = inflight
     activity, _ = await activity_until(service, [(0, 0)] * 3)
-    assert [a["drained"] for a in activity] == [True, True, True]
+    unreadable = [True] * 3 if isinstance(inflight, str) else [False, True, False]
+    assert [a["drained"] for a in activity] == [None if u else True for u in unreadable]
+    assert [a["has_work"] for a in activity] == [None if u else False for u in unreadable]
 
 
 async def test_without_a_coordinator_subscription_no_count_is_known(
@@ -242,7 +247,6 @@ async def test_each_hostile_entry_is_that_ranks_alone(sim_vllm: SimVllm, case: s
     idle_subscription(sim_vllm)
     set_table(sim_vllm, table)
     found = core.request_counts([0, 1, 2])
-    assert found is not None
     assert [found.get(rank) for rank in range(3)] == expected
     assert core.request_counts([1]) == ({1: expected[1]} if expected[1] is not None else {})
 
@@ -264,7 +268,10 @@ async def test_a_table_that_is_not_vllms_gives_no_counts(
     core = VllmCore(sim_vllm.core, vllm_version="0.33.0", enable_sleep_mode=True)
     idle_subscription(sim_vllm)
     set_table(sim_vllm, table, managed)
-    assert core.request_counts([0, 1, 2]) is None
+    assert core.request_counts([0, 1, 2]) == {}
+    # The front end's own requests still count (tests/unit/client/inprocess/test_vllm_core.py).
+    sim_vllm.core.engine_inflight[sim_vllm.core.core_engines[2]] = 1
+    assert core.request_counts([0, 1, 2]) == {2: RequestCounts(1, 0)}
 
 
 async def test_managed_ranks_map_table_positions_to_ranks(sim_vllm: SimVllm) -> None:

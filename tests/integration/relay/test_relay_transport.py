@@ -141,7 +141,7 @@ async def test_exporter_restart_on_fixed_addresses_with_state_file(
 
     relay2 = await h.start_relay(**opts)
     t2 = relay2.transport
-    # Callable at once, without a new handshake; connected once they answer.
+    # Callable at once, without a new handshake; connected once their connections are back.
     assert all(t2.is_callable(i) and t2.phase(i) is Phase.RESTORED for i in range(3))
     assert [t2.client_index(i) for i in range(3)] == [1, 1, 1]
     poll_interval = 0.5

@@ -13,6 +13,7 @@ import pytest
 from exporter.base.ports import free_listen_port, free_port_range
 from exporter.client.fleet import Outcome
 from tests.harness.processes import SimProcess, sim_processes
+from tests.harness.restart import answering
 from tests.harness.scrape import metric_value as metric
 from tests.harness.service import make_config, start_service
 from tests.harness.waiting import eventually
@@ -67,9 +68,7 @@ async def test_a_restarted_exporter_reattaches_on_fixed_ports(
         second = await start_service(make_config(2, **settings))
         try:
             restarted = time.monotonic()
-            await eventually(
-                lambda: second.client.connected_count() == 2, 3, "reattach without handshake"
-            )
+            await eventually(lambda: answering(second), 3, "reattach without handshake")
             # Within one poll of the reattach, the per-engine state is back.
             await second.next_polls(2)
             snap = second.exporter.poller.snapshot
@@ -117,7 +116,7 @@ async def test_restarted_owner_remembers_what_engines_registered(tmp_path: Path)
             await first.stop()
         second = await start_service(make_config(2, **settings))
         try:
-            await eventually(lambda: second.client.connected_count() == 2, 3, "reattached")
+            await eventually(lambda: answering(second), 3, "reattached")
             await second.next_polls(2)
             families = await second.scrape()
             for engine in ("0", "1"):

@@ -21,7 +21,7 @@ import pytest
 
 from exporter.client.enginecore.dataplane import EngineDataPlane
 from tests.harness.relay import cross_talk
-from tests.harness.restart import VLLM_VERSION, RestartRig
+from tests.harness.restart import VLLM_VERSION, RestartRig, answering
 from tests.harness.service import Service
 from tests.harness.waiting import eventually
 
@@ -192,7 +192,7 @@ async def _restart_on_damaged_file(
     assert str(rig.path) in warnings[0], warnings[0]
     if rig.mode == "owner":
         # Fixed ports: every engine reattaches on slot 0, without what the file said.
-        await eventually(lambda: service.client.connected_count() == 3, 5, "reattached")
+        await eventually(lambda: answering(service), 5, "reattached and answering")
         await service.next_polls(2)
         assert [e.up for e in service.exporter.poller.snapshot.engines] == [True] * 3
         assert [d.vllm_version for d in service.client.engine_details()] == [None] * 3
@@ -274,7 +274,7 @@ async def test_an_intact_state_file_is_restored_without_a_warning(
     await rig.first_run()
     caplog.clear()
     service = await rig.start()
-    await eventually(lambda: service.client.connected_count() == 3, 5, "reattached")
+    await eventually(lambda: answering(service), 5, "reattached and answering")
     await service.next_polls(2)
     assert [e.up for e in service.exporter.poller.snapshot.engines] == [True] * 3
     assert [d.vllm_version for d in service.client.engine_details()] == [VLLM_VERSION] * 3

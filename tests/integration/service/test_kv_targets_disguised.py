@@ -1,4 +1,4 @@
-"""``GET /kv_events_targets`` judges an address, not its spelling (issue #30, item 10).
+"""``GET /kv_events_targets`` judges an address, not its spelling.
 
 An engine's registration names its KV-events publisher; the exporter lists the ``host:port`` a
 consumer connects to only when it is the engine's own address or a wildcard. An IPv4 address

@@ -1,4 +1,4 @@
-"""Hung and routable ranks where users look (issue #32, sections 2 and 3; docs/activity.md), over
+"""Hung and routable ranks where users look (docs/activity.md), over
 real ZMQ and real HTTP in owner mode: a frozen engine (as SIGSTOP leaves it) at the first,
 middle or last position becomes ``hung`` in ``/status``, the state set, the unresponsive and
 routable series, ``GET /routable``, ``GET /readyz?engine=N`` and the gate's reasons, while its

@@ -16,7 +16,7 @@ import pytest
 
 from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
 from exporter.sim.options import SimOptions
-from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig
+from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig, answering
 from tests.harness.scrape import metric_value
 from tests.harness.service import Service
 from tests.harness.statusschema import validate_status
@@ -77,7 +77,8 @@ async def rig_engines(rig: RestartRig, first: Service) -> None:
 
 async def restarted(rig: RestartRig, **overrides: Any) -> Service:
     second = await rig.start(gate_min_interval=0.0, **overrides)
-    await eventually(lambda: second.client.connected_count() == 3, 5, "reattached")
+    # Connected once their connections are back; reattached once they answer.
+    await eventually(lambda: answering(second), 5, "reattached")
     await second.next_polls(2)
     assert [d.handshakes for d in second.client.engine_details()] == [0, 0, 0]  # no handshake
     return second
@@ -140,6 +141,8 @@ async def test_a_restart_without_a_record_makes_every_engine_unknown(rig: Restar
     code, body = await second.get_json("/gate?healthy=true")
     assert code == 412 and body["failing_engines"] == ["0", "1", "2"], body
     assert "not known since the exporter restarted" in str(body["engines"][0]["failures"])
+    reasons = {e["fault_tolerance"]["fault_info"] for e in (await second.status())["engines"]}
+    assert reasons == {"not known since the exporter restarted (no record in the state file)"}
     doc = await second.status()
     assert doc["fault_tolerance"]["healthy"] is False
     for index in range(3):
@@ -164,6 +167,9 @@ async def test_a_restart_without_a_state_file_makes_every_engine_unknown(
     second = await restarted(rig, state_file=None)
     assert await statuses(second) == ["unknown"] * 3
     assert (await second.get_json("/gate?healthy=true"))[0] == 412
+    # The reason names what is missing: no file at all (not a record the file lacked).
+    reasons = {e["fault_tolerance"]["fault_info"] for e in (await second.status())["engines"]}
+    assert reasons == {"not known since the exporter restarted (no --state-file)"}
 
 
 BAD_RECORDS: dict[str, Any] = {

@@ -4,6 +4,7 @@ plugin-enabled server's ``/dp/gate``). Real ZMQ and real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -43,7 +44,7 @@ async def test_the_gate_asks_only_what_its_conditions_need(
 async def test_a_narrow_sample_is_not_reused_for_a_wider_question(
     fleet_factory: ServiceFactory,
 ) -> None:
-    fleet = await fleet_factory(2, poll_interval=30.0, gate_min_interval=60.0)
+    fleet = await fleet_factory(2, poll_interval=30.0, gate_min_interval=1.0)
     await fleet.fresh_poll()
     assert (await fleet.get_json("/gate?healthy=true"))[0] == 200
     since = [len(e.received) for e in fleet.engines]
@@ -53,3 +54,37 @@ async def test_a_narrow_sample_is_not_reused_for_a_wider_question(
     since = [len(e.received) for e in fleet.engines]
     assert (await fleet.get_json("/gate?healthy=true"))[0] == 200  # the wider one serves it
     assert all(not c for c in asked(list(fleet.engines), since))
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["first", "middle", "last"])
+async def test_alternating_conditions_cannot_buy_a_fan_out_each(
+    fleet_factory: ServiceFactory, position: int
+) -> None:
+    """Callers cycling ``drained``, ``weight_version``, ``paused`` and ``sleeping`` as fast as
+    the gate answers, for 1.5 s with a 0.25 s bound: each engine answers at most one fan-out
+    per bound (every read method at most 1.5 / 0.25 + 2 times), the answers stay right (the
+    engine at ``position`` is paused: every ``paused=false`` names it)."""
+    fleet = await fleet_factory(3, poll_interval=30.0, gate_min_interval=0.25)
+    await fleet.fresh_poll()
+    fleet.engines[position].state.paused = True
+    engines = list(fleet.engines)
+    since = [len(e.received) for e in engines]
+    cycle = [
+        "/gate?drained=true",
+        "/gate?weight_version=v1",
+        "/gate?paused=false",
+        "/gate?sleeping=false",
+    ]
+    loop = asyncio.get_running_loop()
+    start, answered = loop.time(), 0
+    while loop.time() - start < 1.5:
+        path = cycle[answered % len(cycle)]
+        code, body = await fleet.get_json(path)
+        if "paused" in path and code == 412:
+            assert body["failing_engines"] == [str(position)], body
+        answered += 1
+    elapsed = loop.time() - start
+    assert answered >= 8, answered
+    bound = int(elapsed / 0.25) + 2
+    for counts in asked(engines, since):
+        assert max(counts.values()) <= bound, (counts, bound)

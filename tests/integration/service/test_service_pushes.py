@@ -159,7 +159,7 @@ BAD_PUSHES = {
     "spoof_of_another_engine": (FT_STATUS_CALL_ID, encode_ft_status_value(0, "dead")),
     "eep_not_a_pair": (EEP_NOTIFICATION_CALL_ID, "RECONFIGURE_FINISHED"),
     "eep_rank_as_text": (EEP_NOTIFICATION_CALL_ID, ["RECONFIGURE_FINISHED", "1"]),
-    "eep_of_another_rank": (EEP_NOTIFICATION_CALL_ID, ["SHUTDOWN_COMPLETE", 0]),
+    "eep_of_a_rank_no_engine_has": (EEP_NOTIFICATION_CALL_ID, ["SHUTDOWN_COMPLETE", 65536]),
     "eep_unknown_event": (EEP_NOTIFICATION_CALL_ID, ["x" * 60, 1]),
 }
 #: Status pushes from engine 1's own connection that cannot be read: engine 1's status is
@@ -396,7 +396,11 @@ async def test_elastic_ep_notifications_are_membership_events(
     await push(fleet, 2, EEP_NOTIFICATION_CALL_ID, ["RECONFIGURE_FINISHED", 2])
     doc = await status(fleet)
     event = doc["engines"][2]["membership_event"]
-    assert (event["event"], event["dp_rank"]) == ("RECONFIGURE_FINISHED", 2)
+    assert (event["event"], event["dp_rank"], event["reported_rank"]) == (
+        "RECONFIGURE_FINISHED",
+        2,
+        2,
+    )
     assert event["unix"] <= doc["generated_unix"]
     assert doc["last_membership_event"] == {"engine": "2", **event}
     m = await fleet.scrape()

@@ -21,7 +21,7 @@ from exporter.client.fleet import REGISTRATION_KEYS
 from exporter.metrics.catalog import INFO_FACTS
 from exporter.protocol.handshake import LEGACY_REGISTRATION_KEYS, MAX_REGISTRATION_STRING
 from exporter.sim.options import SimOptions
-from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig
+from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig, answering
 from tests.harness.scrape import Families
 from tests.harness.service import Service, ServiceFactory
 from tests.harness.statusschema import validate_status
@@ -172,7 +172,8 @@ async def first_run(rig: RestartRig, options: dict[int, SimOptions]) -> dict[str
 
 async def restarted(rig: RestartRig) -> Service:
     second = await rig.start()
-    await eventually(lambda: second.client.connected_count() == 3, 5, "reattached")
+    # Connected once their connections are back; reattached once they answer.
+    await eventually(lambda: answering(second), 5, "reattached")
     await second.next_polls(2)
     assert [e.up for e in second.exporter.poller.snapshot.engines] == [True] * 3
     return second

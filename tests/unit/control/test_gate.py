@@ -37,9 +37,16 @@ NO_ATTR = "Call to {m} method failed: 'EngineCoreProc' object has no attribute '
 
 
 def gate_over(fleet: Any, clock: ManualClock | None = None, **options: Any) -> Gate:
+    """A gate on ``clock``, whose rate-bound waits move that clock (and take no real time)."""
     options.setdefault("min_interval_s", 1.0)
+    moved = clock or ManualClock()
+
+    async def sleep(seconds: float) -> None:
+        moved.now += seconds
+        await asyncio.sleep(0)
+
     return Gate(
-        fleet, timeout_s=1.0, clock=clock or ManualClock(), wall_clock=lambda: 5000.0, **options
+        fleet, timeout_s=1.0, clock=moved, wall_clock=lambda: 5000.0, sleep=sleep, **options
     )
 
 
@@ -164,14 +171,58 @@ async def test_callers_arriving_during_a_fan_out_share_it() -> None:
     assert len(fleet.calls) == len(ENGINES) * len(ALL_METHODS)
 
 
-async def test_a_caller_wanting_more_than_the_fan_out_in_flight_gets_its_own() -> None:
-    gate = gate_over(fleet_of(awake(ENGINES)))
+async def test_callers_arriving_together_share_one_fan_out_of_what_they_all_want() -> None:
+    clock = ManualClock()
+    gate = gate_over(fleet_of(awake(ENGINES)), clock)
     small, everything = await asyncio.gather(gate.sample(frozenset({"is_sleeping"})), gate.sample())
-    assert gate.fanouts == 2 and small.asked == {"is_sleeping"} and everything.asked == ALL_METHODS
+    assert gate.fanouts == 1 and small is everything and everything.asked == ALL_METHODS
     gate.invalidate()
-    # The other way round, the smaller question shares the bigger fan-out.
-    everything, small = await asyncio.gather(gate.sample(), gate.sample(frozenset({"is_sleeping"})))
-    assert gate.fanouts == 3 and small is everything
+    clock.now += 1.0  # past the rate bound: the next fan-out asks what its callers want
+    paused, version = await asyncio.gather(
+        gate.sample(frozenset({"is_scheduler_paused"})),
+        gate.sample(frozenset({"get_weight_version"})),
+    )
+    assert gate.fanouts == 2 and paused is version
+    assert paused.asked == {"is_sleeping", "is_scheduler_paused", "get_weight_version"}
+
+
+async def test_a_caller_wanting_more_than_the_fan_out_in_flight_waits_for_the_next() -> None:
+    fleet = HeldFleet(answers(awake(ENGINES)), engines=ENGINES)
+    clock = ManualClock()
+    gate = gate_over(fleet, clock, min_interval_s=1.0)
+    small = asyncio.ensure_future(gate.sample(frozenset({"is_sleeping"})))
+    await fleet.entered.wait()  # the narrow fan-out is in flight
+    wider = asyncio.ensure_future(gate.sample(frozenset({"has_work"})))
+    fleet.release.set()
+    first, second = await asyncio.gather(small, wider)
+    assert first.asked == {"is_sleeping"} and second is not first and gate.fanouts == 2
+    # It waited for the rate bound (1 s of the gate's clock), and asks every read method.
+    assert clock.now >= 101.0 and second.asked == ALL_METHODS
+
+
+@pytest.mark.parametrize("min_interval_s", [0.2, 1.0])
+async def test_alternating_conditions_get_at_most_one_fan_out_per_interval(
+    min_interval_s: float,
+) -> None:
+    """Callers cycling ``drained``, ``weight_version``, ``paused``, ``sleeping`` one after the
+    other cannot buy a fan-out each: over 10 intervals of the gate's clock, at most 11."""
+    clock = ManualClock()
+    fleet = fleet_of(awake(ENGINES))
+    gate = gate_over(fleet, clock, min_interval_s=min_interval_s)
+    cycle: list[dict[str, Any]] = [
+        {"drained": True},
+        {"weight_version": "v1"},
+        {"paused": False},
+        {"sleeping": False},
+    ]
+    start, asked = clock.now, 0
+    while clock.now - start < 10 * min_interval_s:
+        await gate.check(cycle[asked % len(cycle)])
+        asked += 1
+        clock.now += min_interval_s / 7  # callers far faster than the bound
+    assert asked >= 30
+    assert gate.fanouts <= 11, gate.fanouts
+    assert len(fleet.calls) <= 11 * len(ENGINES) * len(ALL_METHODS)
 
 
 async def test_a_sample_serves_min_interval_then_a_fresh_fan_out_is_taken() -> None:
@@ -187,10 +238,13 @@ async def test_a_sample_serves_min_interval_then_a_fresh_fan_out_is_taken() -> N
 
 
 async def test_a_sample_of_fewer_methods_is_not_reused_for_a_caller_wanting_more() -> None:
-    gate = gate_over(fleet_of(awake(ENGINES)))
-    await gate.sample(frozenset({"is_sleeping"}))
+    clock = ManualClock()
+    gate = gate_over(fleet_of(awake(ENGINES)), clock)
+    first = await gate.sample(frozenset({"is_sleeping"}))
+    clock.now += 1.0  # past the rate bound: the next fan-out asks what its caller wants
     sample = await gate.sample(frozenset({"get_weight_version"}))
-    assert gate.fanouts == 2 and sample.asked == {"is_sleeping", "get_weight_version"}
+    assert gate.fanouts == 2 and sample is not first
+    assert sample.asked == {"is_sleeping", "get_weight_version"}
     assert await gate.sample(frozenset({"is_sleeping"})) is sample  # asks less: shared
     assert gate.fanouts == 2
 
@@ -311,7 +365,7 @@ def test_drained_is_a_boolean_condition_given_once() -> None:
         "drained": False,
         "sleeping": False,
     }
-    with pytest.raises(GateRequestError, match="must be true or false, got 'maybe'"):
+    with pytest.raises(GateRequestError, match="must be true, false, 1 or 0, got 'maybe'"):
         parse_conditions({"drained": ["maybe"]})
     with pytest.raises(GateRequestError, match="given more than once"):
         parse_conditions({"drained": ["true", "true"]})
@@ -425,3 +479,32 @@ async def test_drained_is_unsupported_only_when_no_rank_has_has_work() -> None:
     fleet = fleet_of(awake(ENGINES, changed={"0": {"has_work": True}}))
     status, body = await gate_over(fleet).check({})
     assert status == 200 and [e["values"]["has_work"] for e in body["engines"]] == [True, False]
+
+
+async def test_an_admin_action_lifts_the_rate_bound_for_the_next_fan_out() -> None:
+    """A question waiting for the bound (60 s here) gets its fan-out as soon as an action
+    invalidates the gate: the RL script asks the gate right after setting the version."""
+    clock = ManualClock()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0)  # real time, the clock stands still: only invalidate frees it
+
+    gate = Gate(
+        fleet_of(awake(ENGINES)),
+        timeout_s=1.0,
+        min_interval_s=60.0,
+        clock=clock,
+        wall_clock=lambda: 5000.0,
+        sleep=sleep,
+    )
+    await gate.sample(frozenset({"is_sleeping"}))
+    waiting = asyncio.ensure_future(gate.sample(frozenset({"has_work"})))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done() and waits
+    gate.invalidate()
+    sample = await asyncio.wait_for(waiting, 5)
+    assert gate.fanouts == 2 and "has_work" in sample.asked
+    assert max(waits) <= 0.05  # it slept in short steps, so the lift was seen at once

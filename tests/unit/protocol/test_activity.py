@@ -282,6 +282,37 @@ def test_one_bad_series_of_a_summed_rank_makes_the_rank_unknown() -> None:
     assert metrics_counts(text) == {}
 
 
+#: Samples of one rank's family that sum to a count although one of them is none.
+CANCELLING = {
+    "negative": ("3.0", "-3.0"),
+    "fractions": ("1.5", "0.5"),
+    "huge": ("1e30", "-1e30"),
+    "over the bound": (str(MAX_REQUESTS + 1), "-1"),
+    "negative first": ("-2", "2"),
+}
+
+
+@pytest.mark.parametrize("family", [RUNNING, WAITING])
+@pytest.mark.parametrize("pair", CANCELLING.values(), ids=CANCELLING.keys())
+def test_each_sample_is_checked_before_the_sum(family: str, pair: tuple[str, str]) -> None:
+    """``running 3`` and ``running -3`` of one engine (two samples of one label, two
+    ``model_name`` series) sum to 0: the engine is unknown, never idle."""
+    other = WAITING if family == RUNNING else RUNNING
+    text = (
+        series(family, 0, pair[0], model="a")
+        + series(family, 0, pair[1], model="b")
+        + series(other, 0, "0.0")
+        + exposition({1: ("0.0", "0.0")})
+    )
+    assert metrics_counts(text) == {1: RequestCounts(0, 0)}
+
+
+def test_samples_summing_past_the_bound_are_unknown() -> None:
+    half = str(MAX_REQUESTS // 2 + 1)
+    text = series(RUNNING, 0, half, model="a") + series(RUNNING, 0, half, model="b")
+    assert metrics_counts(text + series(WAITING, 0, "0")) == {}
+
+
 def test_a_sample_with_a_timestamp_is_read() -> None:
     text = series(RUNNING, 3, "2.0 1700000000000") + series(WAITING, 3, "1 1700000000000")
     assert metrics_counts(text) == {3: RequestCounts(2, 1)}

@@ -133,7 +133,7 @@ def test_values_of_an_inconsistent_http_answer_are_bounded() -> None:
     assert values is not None and len(values) == MAX_INCONSISTENT_VALUES + 1
     assert values[-1] == f"…[cut: {4000 - MAX_INCONSISTENT_VALUES} more values]"
     odd = "Engines returned different get_weight_version results: " + repr(
-        ["v" * MB, {1, 2}, b"raw", None]
+        ["v" * 10_000, {1, 2}, b"raw", None]
     )
     values = parse_inconsistent(odd, "get_weight_version")
     assert values is not None

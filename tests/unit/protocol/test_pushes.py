@@ -118,8 +118,8 @@ def test_new_statuses_are_sent_as_given() -> None:
 
 def test_an_elastic_ep_rank_must_be_an_integer_not_a_boolean() -> None:
     with pytest.raises(ProtocolError):
-        decode_eep_notification(["SHUTDOWN_COMPLETE", False], 0)
-    assert decode_eep_notification(["RECONFIGURE_FINISHED", 0], 0) == ("RECONFIGURE_FINISHED", 0)
+        decode_eep_notification(["SHUTDOWN_COMPLETE", False])
+    assert decode_eep_notification(["RECONFIGURE_FINISHED", 0]) == ("RECONFIGURE_FINISHED", 0)
 
 
 def test_fault_info_is_sent_only_while_unhealthy() -> None:

@@ -5,9 +5,12 @@ and values the rule leaves alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.protocol.strings import (
     CUT_MARKER,
     MAX_ENGINE_STRING,
+    ascii_digits,
     bound_bytes,
     bound_text,
     bound_value,
@@ -46,3 +49,18 @@ def test_values_that_are_not_text_are_kept_as_they_are() -> None:
     bounded = bound_value(value)
     assert bounded == value and bounded["other"] is marker
     assert bound_value((1, "x")) == (1, "x") and isinstance(bound_value((1,)), tuple)
+
+
+@pytest.mark.parametrize(
+    ("text", "digits"),
+    [
+        ("0", True),
+        ("65535", True),
+        ("", False),
+        ("²", False),
+        ("\u0661", False),
+        ("1\u0661", False),
+    ],
+)
+def test_ranks_and_ports_are_ascii_digits_only(text: str, digits: bool) -> None:
+    assert ascii_digits(text) is digits

@@ -73,7 +73,7 @@ def test_every_fault_tolerance_value_is_in_the_schema_and_only_healthy_is_health
 
 def test_the_latest_membership_event_of_any_engine_is_the_fleets() -> None:
     early = MembershipEvent("RECONFIGURE_FINISHED", 0, "0", 10.0)
-    late = MembershipEvent("SHUTDOWN_COMPLETE", 1, "1", 20.0)
+    late = MembershipEvent("SHUTDOWN_COMPLETE", 1, "1", 20.0, reported_rank=0)  # a dense rank
     snap = polled(
         engine_snapshot("0", detail("0", membership=early), is_sleeping=False),
         engine_snapshot("1", detail("1", membership=late), is_sleeping=False),
@@ -84,6 +84,7 @@ def test_the_latest_membership_event_of_any_engine_is_the_fleets() -> None:
         "engine": "1",
         "event": "SHUTDOWN_COMPLETE",
         "dp_rank": 1,
+        "reported_rank": 0,
         "unix": 20.0,
     }
     assert doc["engines"][0]["membership_event"]["event"] == "RECONFIGURE_FINISHED"

@@ -161,3 +161,11 @@ def test_interpret_gives_the_same_outcome(status: int, text: bytes) -> None:
     assert (
         interpret("t", "has_work", status, text, 0.02) == read_activity("t", status, text, 0.02)[0]
     )
+
+
+def test_an_error_body_nested_past_the_decoder_is_a_failure_not_an_exception() -> None:
+    """A 500 whose body is JSON nested 100,000 deep (``json.loads`` raises RecursionError, not
+    ValueError): a failure shown by its first bytes, never an exception out of the read."""
+    outcome = interpret("a", "is_sleeping", 500, b"[" * 100_000, 0.01)
+    assert outcome.outcome is Outcome.FAILED and outcome.error is not None
+    assert outcome.error.startswith("HTTP 500: [[[")

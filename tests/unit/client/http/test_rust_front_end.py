@@ -1,5 +1,5 @@
 """HTTP mode against vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``): its consensus error,
-as measured on vLLM 0.32 and 0.33 (issue 34), is an inconsistency with every engine's value,
+as measured on vLLM 0.32 and 0.33, is an inconsistency with every engine's value,
 never a failed call; anything that only looks like one stays a failed call."""
 
 from __future__ import annotations
