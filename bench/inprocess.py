@@ -23,11 +23,12 @@ from bench.floor import FloorClient, consensus
 from bench.procs import engine_fleet, free_address
 from bench.profiling import Profile, profile_async, profile_sync
 from bench.tail import CallSample, GcClock, Tail, percentile, tail_of
+from exporter.base.steps import run_steps
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.config.settings import resolve_config
 from exporter.control.runtime import Exporter, freeze_startup_heap, gc_paused
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 
 
 @dataclass
@@ -229,17 +230,17 @@ def _scrape(exporter: Exporter, n: int, iterations: int) -> ScrapeResult:
     """A /metrics render that misses the cache (collector + text encoder with garbage
     collection paused, what the handler runs once per poll) on the snapshot of a real poll."""
     collector = exporter.collector
-    body = render_text(collector.families())
+    body = run_steps(text_steps(collector.families()))
     if body != generate_latest(exporter.registry):
-        raise RuntimeError("render_text differs from prometheus_client's generate_latest")
+        raise RuntimeError("text_steps differs from prometheus_client's generate_latest")
     for _ in range(10):
-        render_text(collector.families())
+        run_steps(text_steps(collector.families()))
     samples = []
     perf = time.perf_counter
     for _ in range(iterations):
         t0 = perf()
         with gc_paused():
-            render_text(collector.families())
+            run_steps(text_steps(collector.families()))
         samples.append(perf() - t0)
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     return ScrapeResult(
@@ -272,13 +273,13 @@ async def _profiles(
 
     def scrapes() -> None:
         for _ in range(iterations):
-            render_text(collector.families())
+            run_steps(text_steps(collector.families()))
 
     out = [
         await profile_async(
             f"aggregated is_sleeping, exporter client, N={n}", calls, exporter_calls
         ),
         profile_sync(f"aggregated is_sleeping, floor, N={n}", calls, floor_calls),
-        profile_sync(f"/metrics render (render_text), N={n}", iterations, scrapes),
+        profile_sync(f"/metrics render (text_steps), N={n}", iterations, scrapes),
     ]
     return out

@@ -31,9 +31,9 @@ from bench.report_model import machine_lines, publish
 from bench.sim_vllm import start_sim_vllm
 from bench.steps import StepLog, timed_steps
 from exporter.base import eventloop
-from exporter.base.steps import Steps
+from exporter.base.steps import Steps, run_steps
 from exporter.inprocess.runtime import InProcessRuntime
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 from exporter.web.app import gate_answer, status_document_steps
 from exporter.web.statusdoc import json_steps
 
@@ -147,7 +147,7 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
                     started = time.perf_counter()
                     families = runtime.families()
                     assert families is not None
-                    render_text(runtime.merge(families))
+                    run_steps(text_steps(runtime.merge(families)))
                     render_ms.append((time.perf_counter() - started) * 1000)
                 await runtime.stop()
         finally:

@@ -2,7 +2,7 @@
 and with garbage collection running vs paused.
 
 The exporter renders /metrics once per state change (the render cache) with
-``exporter.metrics.exposition.render_text``, kept byte-identical to ``generate_latest`` by a test,
+``exporter.metrics.exposition.text_steps``, kept byte-identical to ``generate_latest`` by a test,
 with garbage collection paused (``exporter.control.runtime.gc_paused``). This prints the costs per
 render over a ``FakeFleet`` of 64, 256 and 1,024 engines after one poll, beside a heap of ~300k live
 objects as a long-running process has: the measurements behind both decisions
@@ -19,8 +19,9 @@ from collections.abc import Callable
 from prometheus_client.exposition import generate_latest
 
 from bench.fleet import polled_exporter
+from exporter.base.steps import run_steps
 from exporter.control.runtime import gc_paused
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 
 SIZES = (64, 256, 1024)
 ROUNDS = 20
@@ -35,14 +36,14 @@ def per_call_ms(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
 
 
 async def measure(sizes: tuple[int, ...] = SIZES) -> list[tuple[int, float, float, float]]:
-    """(engines, render_text ms, render_text ms with gc paused, generate_latest ms) per size."""
+    """(engines, text_steps ms, text_steps ms with gc paused, generate_latest ms) per size."""
     ballast = [{"i": i, "l": [i]} for i in range(300_000)]  # a long-running process's heap
     rows = []
     for n in sizes:
         exporter = await polled_exporter(n, lambda engine, method, args: False)
-        lean = per_call_ms(lambda e=exporter: render_text(e.collector.families()))  # type: ignore[misc]
+        lean = per_call_ms(lambda e=exporter: run_steps(text_steps(e.collector.families())))  # type: ignore[misc]
         with gc_paused():
-            paused = per_call_ms(lambda e=exporter: render_text(e.collector.families()))  # type: ignore[misc]
+            paused = per_call_ms(lambda e=exporter: run_steps(text_steps(e.collector.families())))  # type: ignore[misc]
         library = per_call_ms(lambda e=exporter: generate_latest(e.registry))  # type: ignore[misc]
         rows.append((n, lean, paused, library))
     del ballast
@@ -51,7 +52,7 @@ async def measure(sizes: tuple[int, ...] = SIZES) -> list[tuple[int, float, floa
 
 def main() -> int:
     sizes = tuple(int(a) for a in sys.argv[1:]) or SIZES
-    print("| engines | render_text ms | same, gc paused | generate_latest ms | library / lean |")
+    print("| engines | text_steps ms | same, gc paused | generate_latest ms | library / lean |")
     print("|---:|---:|---:|---:|---:|")
     for n, lean, paused, library in asyncio.run(measure(sizes)):
         print(f"| {n} | {lean:.2f} | {paused:.2f} | {library:.2f} | {library / lean:.1f}x |")

@@ -76,7 +76,7 @@ def scrape_table(report: Report) -> list[str]:
     out = [
         "## 2. Scrape: `/metrics` render time and body size",
         "",
-        "`exporter.metrics.exposition.render_text(exporter.collector.families())`: the rows "
+        "`run_steps(text_steps(exporter.collector.families()))`: the rows "
         "plus the text "
         "encoder, what the `/metrics` handler runs (before gzip) when its per-state cache misses, "
         "i.e. once per poll; scrapes between two polls reuse that body. Checked byte-identical "

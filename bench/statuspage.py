@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.fleet import polled_exporter
+from exporter.base.steps import run_steps
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.control.runtime import Exporter
-from exporter.web.statusdoc import status_json
-from exporter.web.statuspage import render_page
+from exporter.web.statusdoc import status_steps
+from exporter.web.statuspage import page_steps
 
 SIZES = (64, 256)
 HEADING = "## Status page (`GET /`, `GET /status`)"
@@ -79,12 +80,12 @@ def measure(n: int, iterations: int = 50) -> PageResult:
 
     def status_body() -> bytes:
         # What web.json_response does: the document, then json.dumps.
-        doc = status_json(poller.snapshot, config, stats, poller.history)
+        doc = run_steps(status_steps(poller.snapshot, config, stats, poller.history))
         return json.dumps(doc).encode()
 
     def page_body() -> bytes:
-        doc = status_json(poller.snapshot, config, stats, poller.history)
-        return render_page(doc).encode()
+        doc = run_steps(status_steps(poller.snapshot, config, stats, poller.history))
+        return run_steps(page_steps(doc)).encode()
 
     return PageResult(
         n,

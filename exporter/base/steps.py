@@ -19,6 +19,18 @@ T = TypeVar("T")
 #: A generator of steps: yields None between pieces of work, returns its result.
 Steps = Generator[None, None, T]
 
+#: The two sizes of a step, for every builder and fan-out that shares an event loop: engines
+#: (a table's rows, a fan-out's calls or outcomes) and exposition samples (lines of text).
+#: Read when used, so a test can change them here.
+ENGINES_PER_STEP = 32
+SAMPLES_PER_STEP = 1000
+
+
+def every(position: int, per_step: int = 0) -> bool:
+    """Whether a step ends after item ``position`` (1-based): every ``per_step`` items, by
+    default ``ENGINES_PER_STEP``. The one way builders decide where to yield."""
+    return position % (per_step or ENGINES_PER_STEP) == 0
+
 
 def run_steps(steps: Steps[T]) -> T:
     """Every step at once."""

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.base.steps import Steps, run_steps_async
+from exporter.base.steps import Steps, every, run_steps_async
 from exporter.client.fleet import (
     EngineDetail,
     EngineOutcome,
@@ -36,8 +36,6 @@ CONSENSUS_METHODS = frozenset(inv.method for inv in INVARIANTS)
 #: Outcomes that are an answer from the engine (or HTTP target): they reset its hung clock.
 ANSWERED = frozenset({Outcome.OK, Outcome.FAILED, Outcome.INCONSISTENT})
 
-#: Engines per step of a snapshot's build (in-process mode builds it on vLLM's event loop).
-ENGINES_PER_STEP = 64
 
 #: The inconsistency warning (every engine's value) is logged at most once per method this
 #: often; the polls in between are counted in the next line (and always in the metrics).
@@ -226,7 +224,7 @@ class Poller:
         yield
         engines = []
         for position, (engine, detail) in enumerate(details.items(), 1):
-            if position % ENGINES_PER_STEP == 0:
+            if every(position):
                 yield
             answers = by_engine[engine]
             sleeping = answers.get(SLEEPING.method)

@@ -17,6 +17,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.steps import run_steps
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.client.fleet import FleetClient
 from exporter.client.inprocess.vllm_core import VllmCore
@@ -25,7 +26,7 @@ from exporter.control.attach import build_fleet
 from exporter.control.counted import CountedFleet
 from exporter.control.gate import Gate
 from exporter.control.poller import Poller
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import ExporterCollector, build_registry, self_collectors
 from exporter.metrics.negotiation import CONTENT_TYPES, TEXT, generate_openmetrics, metrics_format
 from exporter.metrics.stats import Stats
@@ -170,7 +171,9 @@ class Exporter:
         if fmt == TEXT:
             # process_* change by themselves: rendered with each new body, so they are as
             # fresh as the exporter's own state (at most one poll old).
-            return render_text(self.collector.families()) + generate_latest(self.self_registry)
+            return run_steps(text_steps(self.collector.families())) + generate_latest(
+                self.self_registry
+            )
         return generate_openmetrics(self.openmetrics_registry)
 
     def _on_fleet_change(self) -> None:

@@ -36,14 +36,13 @@ from exporter.web.app import (
     ROUTABLE_CACHE,
     gate_answer,
     readiness,
-    status_document,
     status_document_steps,
 )
 from exporter.web.kvtargets import kv_events_targets
 from exporter.web.routabledoc import routable_document
 from exporter.web.statusdoc import json_steps
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
-from exporter.web.statuspage import render_page
+from exporter.web.statuspage import page_steps
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -96,7 +95,9 @@ class PluginHandlers:
         exporter = self.runtime.exporter
         if exporter is None:
             return _unavailable(self.runtime)
-        page_html = render_page(status_document(exporter))
+        # The document in steps, as /dp/status: vLLM's loop streams tokens meanwhile.
+        doc = await run_steps_async(status_document_steps(exporter))
+        page_html = await run_steps_async(page_steps(doc))
         return Response(page_html, media_type="text/html", headers=PAGE_HEADERS)
 
     async def to_page(self, request: Request) -> Response:

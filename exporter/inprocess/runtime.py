@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from exporter.base.logs import configure_embedded_logging
-from exporter.base.steps import run_steps_async
+from exporter.base.steps import run_steps, run_steps_async
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
@@ -26,7 +26,7 @@ from exporter.inprocess.peer import audit_with_peer
 from exporter.inprocess.shared import ProcessShare
 from exporter.inprocess.trainer import inprocess_config
 from exporter.inprocess.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
-from exporter.metrics.exposition import render_text, text_steps
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import Family
 from exporter.web.admin import AdminController
 
@@ -124,7 +124,7 @@ class InProcessRuntime:
             return cached[1]
         own = await run_steps_async(exporter.collector.family_steps())
         if self.share is not None:
-            return await asyncio.to_thread(lambda: render_text(self.merge(own)))
+            return await asyncio.to_thread(lambda: run_steps(text_steps(self.merge(own))))
         body = await run_steps_async(text_steps(own))
         self._series = (version, body)
         return body

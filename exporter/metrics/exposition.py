@@ -1,4 +1,4 @@
-"""A lean Prometheus text-format encoder for ``exporter.metrics.build_families`` rows.
+"""A lean Prometheus text-format encoder for ``exporter.metrics.families.family_steps`` rows.
 
 prometheus_client's ``generate_latest`` re-validates and re-escapes every metric and label name
 of every sample; at 64+ engines that costs most of a scrape (docs/benchmarks/). Our names come
@@ -15,7 +15,8 @@ from typing import cast
 
 from prometheus_client.utils import floatToGoString
 
-from exporter.base.steps import Steps, run_steps
+from exporter.base import steps
+from exporter.base.steps import Steps
 from exporter.metrics.families import Family
 
 _float_to_go = cast(Callable[[float], str], floatToGoString)
@@ -57,21 +58,14 @@ def _label_writer(names: Sequence[str]) -> Callable[[Sequence[str]], str]:
     return lambda v: "{" + '",'.join(k + esc(v[i]) for k, i in pairs) + '"}'
 
 
-#: Samples written per step of ``text_steps``.
-LINES_PER_STEP = 1000
-
-
-def render_text(families: Sequence[Family]) -> bytes:
-    return run_steps(text_steps(families))
-
-
 def text_steps(families: Sequence[Family]) -> Steps[bytes]:
-    """``render_text`` in steps of about ``LINES_PER_STEP`` samples (``exporter.base.steps``);
-    the families are not changed while it runs (``build_families`` makes new ones)."""
+    """The text exposition of ``families``, in steps of about ``SAMPLES_PER_STEP`` samples
+    (``exporter.base.steps``); the families are not changed while it runs (``family_steps``
+    makes new ones)."""
     out: list[str] = []
     written = 0
     for fam in families:
-        if len(out) - written >= LINES_PER_STEP:
+        if len(out) - written >= steps.SAMPLES_PER_STEP:
             written = len(out)
             yield
         spec = fam.spec
@@ -82,7 +76,7 @@ def text_steps(families: Sequence[Family]) -> Steps[bytes]:
             labels = _label_writer(fam.labels)
             bucket_labels = _label_writer((*fam.labels, "le"))
             for values, buckets, total in fam.histograms:
-                if len(out) - written >= LINES_PER_STEP:
+                if len(out) - written >= steps.SAMPLES_PER_STEP:
                     written = len(out)
                     yield
                 for le, count in buckets:
@@ -93,11 +87,11 @@ def text_steps(families: Sequence[Family]) -> Steps[bytes]:
             continue
         labels = _label_writer(fam.labels)
         rows = fam.rows
-        for start in range(0, len(rows), LINES_PER_STEP):
+        for start in range(0, len(rows), steps.SAMPLES_PER_STEP):
             if start:
                 yield
             out.extend(
                 f"{name}{labels(values)} {_go(value)}\n"
-                for values, value in rows[start : start + LINES_PER_STEP]
+                for values, value in rows[start : start + steps.SAMPLES_PER_STEP]
             )
     return "".join(out).encode("utf-8")

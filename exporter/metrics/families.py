@@ -1,11 +1,13 @@
 """What the exporter publishes, computed once per scrape from one snapshot plus the counters.
 
-``build_families`` is the one place that decides every series and value: it returns plain rows
-(label values, value) per catalog family. Two serializers read those rows: ``ExporterCollector``, a
-prometheus_client custom ``Collector`` (each app and test registers it in its own
-``CollectorRegistry``; OpenMetrics goes through it), and
-``exporter.metrics.exposition.render_text``, a lean Prometheus text encoder for the hot ``/metrics``
-path, kept byte-identical to prometheus_client's ``generate_latest`` by a test.
+``family_steps`` is the one place that decides every series and value: it returns plain rows
+(label values, value) per catalog family. Two serializers read those rows:
+``ExporterCollector``, a prometheus_client custom ``Collector`` (each app and test registers
+it in its own ``CollectorRegistry``; OpenMetrics goes through it), and
+``exporter.metrics.exposition.text_steps``, a lean Prometheus text encoder for the hot
+``/metrics`` path, kept byte-identical to prometheus_client's ``generate_latest`` by a test.
+Both are written once, as steps (``exporter.base.steps``): ``run_steps`` runs them at once,
+``run_steps_async`` a step per loop turn (in-process mode, on vLLM's loop).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.base.faults import ProtocolErrorTally
-from exporter.base.steps import Steps, run_steps
+from exporter.base.steps import Steps, every, run_steps
 from exporter.client.fleet import ELASTIC_EP_PHASES, ClientCounters, EngineDetail
 from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.activity import routability
@@ -82,30 +84,13 @@ class _Builder:
     def histograms(self, name: str, hist: Histogram) -> Steps[None]:
         fam = self.family(name)
         for position, (labels, buckets, total) in enumerate(hist.iter_rows(), 1):
-            if position % ROWS_PER_STEP == 0:
+            if every(position):
                 yield
             fam.histograms.append(((*labels, *self.extra_values), buckets, total))
 
 
 def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
     return {(key,): value for key, value in counts.items()}
-
-
-#: Engines (or labelled histogram children) per step of ``family_steps``.
-ROWS_PER_STEP = 32
-
-
-def build_families(
-    snap: FleetSnapshot,
-    stats: Stats,
-    faults: ProtocolErrorTally,
-    *,
-    model_name: str | None = None,
-    client_counters: ClientCounters | None = None,
-) -> list[Family]:
-    """Every series the exporter publishes right now, in exposition order; ``client_counters``
-    are the attach mode's own (``FleetClient.counters``)."""
-    return run_steps(family_steps(snap, stats, faults, model_name, client_counters))
 
 
 def family_steps(
@@ -115,8 +100,10 @@ def family_steps(
     model_name: str | None = None,
     client_counters: ClientCounters | None = None,
 ) -> Steps[list[Family]]:
-    """``build_families`` in steps of ``ROWS_PER_STEP`` engines (``exporter.base.steps``).
-    Run a step per loop turn, the counters it reads may move between steps: copied first."""
+    """Every series the exporter publishes now, in exposition order, in steps of
+    ``ENGINES_PER_STEP`` engines (``exporter.base.steps``); ``client_counters`` are the attach
+    mode's own (``FleetClient.counters``). Run a step per loop turn, the counters it reads may
+    move between steps: copied first."""
     counters = {name: dict(counts) for name, counts in (client_counters or {}).items()}
     b = _Builder(model_name)
     yield from _engine_rows(b, snap)
@@ -142,7 +129,7 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
     info = b.family("vllm_dp_engine_info")
     weights = b.family("vllm_dp_engine_weight_version_info")
     for position, e in enumerate(snap.engines, 1):
-        if position % ROWS_PER_STEP == 0:
+        if every(position):
             yield
         engine = (e.engine,)
         b.add(up, engine, 1.0 if e.up else 0.0)
@@ -302,7 +289,7 @@ def _counter_rows(
 
 
 class ExporterCollector(Collector):
-    """The prometheus_client view of ``build_families`` (OpenMetrics, registries, tests)."""
+    """The prometheus_client view of ``family_steps`` (OpenMetrics, registries, tests)."""
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from exporter.web.kvtargets import kv_events_targets
 from exporter.web.routabledoc import engine_readiness, routable_document
 from exporter.web.statusdoc import status_steps
 from exporter.web.statuspage import HEADERS as PAGE_HEADERS
-from exporter.web.statuspage import render_page
+from exporter.web.statuspage import page_steps
 
 log = logging.getLogger("exporter.server")
 
@@ -101,13 +101,9 @@ async def routable(request: web.Request) -> web.Response:
     return web.json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
 
 
-def status_document(exporter: Exporter) -> dict[str, Any]:
-    """The ``/status`` document (and the page's data) of ``exporter`` now."""
-    return run_steps(status_document_steps(exporter))
-
-
 def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
-    """``status_document`` in steps (``exporter.base.steps``): the plugin's ``/dp/status``."""
+    """The ``/status`` document (and the page's data) of ``exporter`` now, in steps
+    (``exporter.base.steps``): run at once here, a step per loop turn in the plugin."""
     poller = exporter.poller
     return status_steps(
         poller.snapshot,
@@ -120,7 +116,7 @@ def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
 
 async def status(request: web.Request) -> web.Response:
     """The fleet as JSON (``exporter.web.statusdoc``; schema: docs/status.schema.json)."""
-    doc = status_document(request.app[EXPORTER_KEY])
+    doc = run_steps(status_document_steps(request.app[EXPORTER_KEY]))
     return web.json_response(doc, headers={"Cache-Control": "no-store"})
 
 
@@ -134,7 +130,7 @@ async def kv_events(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.Response:
     """The incident view (``exporter.web.statuspage``), from the same document as /status."""
     return web.Response(
-        text=render_page(status_document(request.app[EXPORTER_KEY])),
+        text=run_steps(page_steps(run_steps(status_document_steps(request.app[EXPORTER_KEY])))),
         content_type="text/html",
         headers=PAGE_HEADERS,
     )

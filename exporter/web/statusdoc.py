@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter import __version__
-from exporter.base.steps import Steps, run_steps
+from exporter.base.steps import Steps, every
 from exporter.client.fleet import REGISTRATION_KEYS, ElasticEpRead, EngineDetail, Outcome
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
@@ -304,22 +304,6 @@ def history_json(history: FleetHistory | None, now: float) -> dict[str, Any]:
     }
 
 
-#: Engines per step of ``status_steps`` and ``json_steps``.
-ENGINES_PER_STEP = 32
-
-
-def status_json(
-    snap: FleetSnapshot,
-    config: ServeConfig,
-    stats: Stats | None = None,
-    history: FleetHistory | None = None,
-    now: float | None = None,
-    unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
-) -> dict[str, Any]:
-    """The whole document; without ``stats`` the counters are empty and last_action null."""
-    return run_steps(status_steps(snap, config, stats, history, now, unexpected))
-
-
 def status_steps(
     snap: FleetSnapshot,
     config: ServeConfig,
@@ -328,12 +312,12 @@ def status_steps(
     now: float | None = None,
     unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
 ) -> Steps[dict[str, Any]]:
-    """``status_json`` in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
+    """The ``/status`` document, in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
     the plugin builds it on vLLM's event loop."""
     now = time.time() if now is None else now
     engines = []
     for position, e in enumerate(snap.engines, 1):
-        if position % ENGINES_PER_STEP == 0:
+        if every(position):
             yield
         engines.append(engine_json(e, now, stats))
     unsupported: dict[str, list[str]] = {inv.method: [] for inv in INVARIANTS}
@@ -382,7 +366,7 @@ def json_steps(doc: Mapping[str, Any], key: str = "engines") -> Steps[bytes]:
             continue
         items = []
         for position, item in enumerate(value, 1):
-            if position % ENGINES_PER_STEP == 0:
+            if every(position):
                 yield
             items.append(json.dumps(item))
         parts.append(f"{json.dumps(name)}: [{', '.join(items)}]")

@@ -19,6 +19,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
+from exporter.base.steps import Steps, every
 from exporter.fleetstate.invariants import INVARIANTS
 
 REFRESH_MS = 5000
@@ -309,8 +310,15 @@ def _timeline(history: dict[str, Any], now: float) -> str:
     return "".join(out) + "</div>"
 
 
-def render_page(doc: dict[str, Any]) -> str:
-    """The page for one ``/status`` document (``exporter.web.statusdoc.status_json``)."""
+def page_steps(doc: dict[str, Any]) -> Steps[str]:
+    """The page for one ``/status`` document (``exporter.web.statusdoc.status_steps``), its
+    engine rows built ``ENGINES_PER_STEP`` at a time (``exporter.base.steps``: the plugin
+    renders it on vLLM's event loop)."""
+    rows = []
+    for position, engine in enumerate(doc["engines"], 1):
+        rows.append(_engine_row(engine))
+        if every(position):
+            yield
     now = doc["generated_unix"]
     title = "vllm-dp-exporter" + (f" — {doc['model_name']}" if doc.get("model_name") else "")
     poll = doc["last_poll"]
@@ -331,7 +339,7 @@ def render_page(doc: dict[str, Any]) -> str:
         elastic_hidden="" if elastic_ep_shown(doc.get("elastic_ep_operations")) else " hidden",
         elastic_ep=_elastic_ep(doc.get("elastic_ep_operations")),
         invariant_headers="".join(f"<th>{inv.method}</th>" for inv in INVARIANTS),
-        engine_rows="".join(_engine_row(e) for e in doc["engines"]),
+        engine_rows="".join(rows),
         last_action=_last_action(doc["last_action"], now),
         counters=_counters(doc["counters"]),
         timeline=_timeline(doc["history"], now),

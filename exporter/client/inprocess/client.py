@@ -33,6 +33,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.steps import every
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     PYTHON_FRONT_END,
@@ -59,11 +60,6 @@ log = logging.getLogger("exporter.inprocess")
 #: asks four methods at once: two polls, the gate and an admin action fit, then a hung engine
 #: is not asked more until it answers).
 MAX_IN_FLIGHT = 12
-#: Calls started per turn of vLLM's event loop: a fan-out to 256 engines is eight short
-#: stretches, not one long one (``make bench``: docs/benchmarks/plugin-loop.md).
-SEND_CHUNK = 32
-#: Outcomes read per turn of vLLM's event loop once a fan-out ended.
-READ_CHUNK = 64
 #: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
 FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
@@ -235,7 +231,7 @@ class InProcessFleetClient:
             finished[task] = time.perf_counter()
 
         for position, (label, identity) in enumerate(targets, 1):
-            if position % SEND_CHUNK == 0:
+            if every(position):  # a fan-out to 256 engines is eight short stretches
                 await asyncio.sleep(0)  # vLLM's loop serves its streams between the chunks
             if self._closed:  # closed meanwhile: the rest is not sent
                 results[label] = stopping(label)
@@ -256,7 +252,7 @@ class InProcessFleetClient:
             done, _ = await asyncio.wait(calls, timeout=timeout_s)
             now = time.perf_counter()
             for position, (task, label) in enumerate(calls.items(), 1):
-                if position % READ_CHUNK == 0:
+                if every(position):
                     await asyncio.sleep(0)
                 if task in done:
                     results[label] = self._outcome(label, task, finished.get(task, now) - started)

@@ -452,9 +452,7 @@ async def test_a_gate_never_passes_on_a_status_read_before_it_was_asked(
     """A server whose route answers slower than the gate's deadline (0.7 s against 0.9 times a
     0.5 s call timeout) after its rank turned unhealthy: ``healthy=true`` is 412 with the
     target's status unknown, never 200 from the healthy status an earlier read kept."""
-    apis = [
-        await start_api(engines=2, story_offset=2 * i, fault_tolerance=True) for i in range(3)
-    ]
+    apis = [await start_api(engines=2, story_offset=2 * i, fault_tolerance=True) for i in range(3)]
     targets = [f"{name}={api.url}" for name, api in zip(NAMES, apis, strict=True)]
     ex = await start_exporter(http_config(targets, gate_min_interval=0, call_timeout=0.5))
     await ex.fresh_poll()

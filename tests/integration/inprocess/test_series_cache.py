@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.base.steps import Steps
+from exporter.base.steps import Steps, run_steps
 from exporter.control.runtime import Exporter
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import Family
 from tests.harness.plugin_app import VLLM_MARKER, PluginApp, PluginApps
 from tests.harness.scrape import metric_value, parse_metrics
@@ -86,7 +86,7 @@ async def test_scrapes_between_two_polls_are_served_from_one_build(
     assert f"{VLLM_MARKER} 42.0".encode() in whole
     assert builds == []
     # The body is what the exporter's families render to right now.
-    assert first == render_text(exporter.collector.families())
+    assert first == run_steps(text_steps(exporter.collector.families()))
 
 
 async def test_a_new_poll_is_rebuilt_once_and_shown(
@@ -107,7 +107,7 @@ async def test_a_new_poll_is_rebuilt_once_and_shown(
     assert app.runtime._series == (exporter.state_version(), fresh)
     again = await scrape(app)
     assert again == fresh and builds == [0]  # the new body is kept in turn
-    assert fresh == render_text(exporter.collector.families())
+    assert fresh == run_steps(text_steps(exporter.collector.families()))
 
 
 async def test_a_counter_change_between_polls_is_rebuilt(

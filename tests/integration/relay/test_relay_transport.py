@@ -197,9 +197,7 @@ async def test_upstream_timeout_is_counted_and_never_replayed(make_harness: Make
     relay = await h.start_relay()
     relay.transport.config.upstream_timeout_s = 0.3
     h.start_engine(0, SimOptions(handshake_timeout_s=5.0))
-    await eventually(
-        lambda: relay.handshakes["upstream_timeout"] == 1, 3.0, "upstream timeout"
-    )
+    await eventually(lambda: relay.handshakes["upstream_timeout"] == 1, 3.0, "upstream timeout")
     assert relay.transport.phase(0) is Phase.IDLE
     # The dropped HELLO is not delivered when the front end appears later.
     await h.start_frontend(call_loop=False)

@@ -78,9 +78,7 @@ async def test_http_mode_gives_each_rank_s_counts(
         idle, busy = closed.engines
         assert idle.requests == EngineRequests(0, 0) and idle.drained is True
         assert busy.requests == EngineRequests(4, 2) and busy.requests.total == 6
-        assert busy.failures == (
-            "drained: has work (running 4, waiting 2), expected drained=true",
-        )
+        assert busy.failures == ("drained: has work (running 4, waiting 2), expected drained=true",)
         await svc.fresh_poll()
         status = await dp.status()
     row = status.engine(1)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.steps import run_steps
 from exporter.base.tasks import supervise
 from exporter.client.fake import FakeFleet, answers
 from exporter.client.fleet import EngineOutcome, Outcome
@@ -21,7 +22,7 @@ from exporter.control.parsing import parse_reset
 from exporter.control.runtime import Exporter
 from exporter.fleetstate.aggregate import FleetState
 from exporter.web.admin import AdminController
-from exporter.web.statusdoc import status_json
+from exporter.web.statusdoc import status_steps
 from tests.harness.scrape import metric_value, parse_metrics
 
 
@@ -102,7 +103,7 @@ async def test_status_document_names_every_engine() -> None:
     fleet = sleeping({"0": False, "1": True})
     exporter = make_exporter(fleet)
     snap = await exporter.poller.poll_once()
-    doc = status_json(snap, exporter.config)
+    doc = run_steps(status_steps(snap, exporter.config))
     assert doc["aggregate"]["is_sleeping"]["state"] == "inconsistent"
     assert [e["engine"] for e in doc["engines"]] == ["0", "1"]
     assert doc["engines"][1]["invariants"]["is_sleeping"]["value"] is True

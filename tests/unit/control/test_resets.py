@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from exporter.base.steps import run_steps
 from exporter.client.fake import FakeFleet
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.control.parsing import (
@@ -26,7 +27,7 @@ from exporter.control.verdicts import ActionVerdict, EngineVerdict
 from exporter.metrics.merge import merge_processes
 from exporter.protocol.kv_events import parse_kv_events_config, with_engine_host
 from exporter.web.kvtargets import kv_events_targets
-from exporter.web.statusdoc import status_json
+from exporter.web.statusdoc import status_steps
 from tests.harness.scrape import metric_value
 from tests.harness.statusschema import validate_status
 from tests.unit.control.test_fleet_semantics import make_exporter, scrape
@@ -130,7 +131,7 @@ async def test_series_and_status_after_resets_in_every_position(
 
     await runner.run(parse_pause({}, b""))  # resets on every engine that accepts it
     await exporter.poller.poll_once()
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
     caches = {e["engine"]: e["prefix_cache"] for e in doc["engines"]}
     assert caches[confirmed]["confirmed_resets"] == 2
@@ -219,7 +220,7 @@ async def test_kv_events_targets_list_the_connected_publishers_only() -> None:
         },
     ]
     assert kv_events_targets(snap, "m")[0]["labels"]["model_name"] == "m"
-    doc = status_json(snap, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(snap, exporter.config, exporter.stats))
     validate_status(doc)
     by_engine = {e["engine"]: e["kv_events"] for e in doc["engines"]}
     assert by_engine["1"] is None

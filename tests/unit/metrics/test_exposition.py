@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from prometheus_client.exposition import generate_latest
 
+from exporter.base.steps import run_steps
 from exporter.client.fake import FakeFleet
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.config.settings import resolve_config
 from exporter.control.runtime import Exporter
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.stats import Stats
 
 
@@ -38,5 +39,5 @@ async def test_render_text_equals_generate_latest() -> None:
     stats.record_admin_request("reset_prefix_cache", 502)
     exporter.faults.record("not_msgpack", "x")
     expected = generate_latest(exporter.registry)
-    assert render_text(exporter.collector.families()) == expected
+    assert run_steps(text_steps(exporter.collector.families())) == expected
     assert b'model_name="m\\"x\\\\y\\nz"' in expected

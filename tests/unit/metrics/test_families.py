@@ -1,5 +1,5 @@
 """``exporter/metrics/families.py``: every series as plain rows from one snapshot plus the
-counters (``build_families``), and the prometheus_client view of them. That the text encoder
+counters (``family_steps``), and the prometheus_client view of them. That the text encoder
 renders these rows byte for byte as prometheus_client does is tests/unit/metrics/test_exposition.py;
 the fleet gauges over polls are tests/unit/control/test_fleet_semantics.py."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.steps import run_steps
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
 from exporter.control.poller import Poller
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
@@ -15,8 +16,8 @@ from exporter.metrics.catalog import BY_NAME, ENGINE_STATES
 from exporter.metrics.families import (
     ExporterCollector,
     Family,
-    build_families,
     build_registry,
+    family_steps,
 )
 from exporter.metrics.stats import Stats
 from exporter.protocol.activity import RequestCounts
@@ -32,7 +33,7 @@ def engine(name: str, detail: EngineDetail | None = None, **answers: Any) -> Eng
 
 
 def families(snap: FleetSnapshot, **options: Any) -> dict[str, Family]:
-    built = build_families(snap, Stats(), ProtocolErrorTally(), **options)
+    built = run_steps(family_steps(snap, Stats(), ProtocolErrorTally(), **options))
     return {f.spec.name: f for f in built}
 
 
@@ -185,7 +186,7 @@ async def test_work_on_some_ranks_is_no_inconsistency() -> None:
     snap = await poller.poll_once()
     assert "has_work" not in snap.verdicts  # no fleet verdict: ranks differ by design
     assert [e.has_work for e in snap.engines] == [False, True, False]
-    built = build_families(snap, stats, ProtocolErrorTally())
+    built = run_steps(family_steps(snap, stats, ProtocolErrorTally()))
     fams = {f.spec.name: f for f in built}
     inconsistent = rows(fams, "vllm_dp_inconsistent_utility_results_total")
     assert not any(inconsistent.values()) and ("has_work",) not in inconsistent

@@ -1,5 +1,5 @@
-"""``family_steps`` and ``text_steps``: the stepwise forms of ``build_families`` and
-``render_text`` (in-process mode runs them a step per turn of vLLM's event loop). Run whole or
+"""``family_steps`` and ``text_steps``, run whole (``run_steps``) or a step per loop turn
+(``run_steps_async``: in-process mode, on vLLM's event loop). Run whole or
 step by step they give the bytes prometheus_client's ``generate_latest`` gives for the same
 state; their number of steps grows with the fleet (what keeps each step short); and the attach
 mode's counters moving between steps do not change the build that started before."""
@@ -14,16 +14,14 @@ import msgspec
 import pytest
 from prometheus_client.exposition import generate_latest
 
+from exporter.base import steps
 from exporter.base.faults import ProtocolErrorTally
-from exporter.base.steps import Steps, run_steps, run_steps_async
+from exporter.base.steps import ENGINES_PER_STEP, Steps, run_steps, run_steps_async
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
-from exporter.metrics import exposition, families
-from exporter.metrics.exposition import render_text, text_steps
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import (
-    ROWS_PER_STEP,
     ExporterCollector,
-    build_families,
     build_registry,
     family_steps,
 )
@@ -135,25 +133,25 @@ def legacy_text(
     return generate_latest(build_registry(collector))
 
 
-@pytest.mark.parametrize("rows_per_step", [ROWS_PER_STEP, 1, 5])
-@pytest.mark.parametrize("lines_per_step", [exposition.LINES_PER_STEP, 1, 37])
+@pytest.mark.parametrize("rows_per_step", [ENGINES_PER_STEP, 1, 5])
+@pytest.mark.parametrize("lines_per_step", [steps.SAMPLES_PER_STEP, 1, 37])
 def test_stepwise_builds_and_renders_are_byte_identical_to_generate_latest(
     monkeypatch: pytest.MonkeyPatch, rows_per_step: int, lines_per_step: int
 ) -> None:
-    monkeypatch.setattr(families, "ROWS_PER_STEP", rows_per_step)
-    monkeypatch.setattr(exposition, "LINES_PER_STEP", lines_per_step)
+    monkeypatch.setattr(steps, "ENGINES_PER_STEP", rows_per_step)
+    monkeypatch.setattr(steps, "SAMPLES_PER_STEP", lines_per_step)
     snap = fleet(130)
     stats, faults = stats_for(snap)
     counters = {RELAY: {"relayed": 3, "refused": 1}}
     expected = legacy_text(snap, stats, faults, counters)
     built, family_count = counting(family_steps(snap, stats, faults, MODEL, counters))
     assert family_count > 1
-    assert render_text(built) == expected
+    assert run_steps(text_steps(built)) == expected
     text, text_count = counting(text_steps(built))
     assert text == expected
     assert text_count >= 1  # more samples than one step writes
-    whole = build_families(snap, stats, faults, model_name=MODEL, client_counters=counters)
-    assert render_text(whole) == expected
+    whole = run_steps(family_steps(snap, stats, faults, model_name=MODEL, client_counters=counters))
+    assert run_steps(text_steps(whole)) == expected
     # What the test covers is really there.
     for needle in (
         b'vllm_dp_engine_fault_tolerance_status{engine="4",model_name="m\\"x\\\\y\\nz"',
@@ -172,13 +170,13 @@ def test_stepwise_builds_and_renders_are_byte_identical_to_generate_latest(
 def test_text_steps_step_count_follows_the_samples() -> None:
     snap = fleet(300)
     stats, faults = stats_for(snap)
-    built = build_families(snap, stats, faults)
+    built = run_steps(family_steps(snap, stats, faults))
     text, count = counting(text_steps(built))
     samples = sum(1 for line in text.splitlines() if not line.startswith(b"#"))
-    assert samples > 3 * exposition.LINES_PER_STEP
-    # About one step per LINES_PER_STEP samples: never one long stretch.
-    assert count >= samples // exposition.LINES_PER_STEP - 1
-    assert count <= samples // exposition.LINES_PER_STEP + len(built)
+    assert samples > 3 * steps.SAMPLES_PER_STEP
+    # About one step per SAMPLES_PER_STEP samples: never one long stretch.
+    assert count >= samples // steps.SAMPLES_PER_STEP - 1
+    assert count <= samples // steps.SAMPLES_PER_STEP + len(built)
 
 
 def test_the_number_of_steps_grows_with_the_engines() -> None:
@@ -191,9 +189,9 @@ def test_the_number_of_steps_grows_with_the_engines() -> None:
         assert len(up) == n  # every engine built, whatever the number of steps
     assert counts[100] > 1
     assert counts[300] > counts[100] > counts[10]
-    # At least one step per ROWS_PER_STEP engines: a step covers a bounded number of them.
-    assert counts[100] >= 100 // ROWS_PER_STEP
-    assert counts[300] >= 300 // ROWS_PER_STEP
+    # At least one step per ENGINES_PER_STEP engines: a step covers a bounded number of them.
+    assert counts[100] >= 100 // ENGINES_PER_STEP
+    assert counts[300] >= 300 // ENGINES_PER_STEP
 
 
 def test_the_collectors_steps_are_its_families() -> None:
@@ -205,16 +203,18 @@ def test_the_collectors_steps_are_its_families() -> None:
     )
     built, count = counting(collector.family_steps())
     assert count > 1
-    assert render_text(built) == render_text(collector.families())
-    assert render_text(built) == legacy_text(snap, stats, faults, counters)
+    assert run_steps(text_steps(built)) == run_steps(text_steps(collector.families()))
+    assert run_steps(text_steps(built)) == legacy_text(snap, stats, faults, counters)
 
 
 async def test_counters_moving_between_steps_do_not_change_the_build() -> None:
     snap = fleet(200)
     stats, faults = stats_for(snap)
     counters: dict[str, dict[str, int]] = {RELAY: {"relayed": 3, "refused": 1}}
-    expected = render_text(
-        build_families(snap, stats, faults, model_name=MODEL, client_counters=counters)
+    expected = run_steps(
+        text_steps(
+            run_steps(family_steps(snap, stats, faults, model_name=MODEL, client_counters=counters))
+        )
     )
     turns = 0
 
@@ -235,10 +235,10 @@ async def test_counters_moving_between_steps_do_not_change_the_build() -> None:
         during = turns
     finally:
         task.cancel()
-    assert during >= 200 // ROWS_PER_STEP  # the counters moved while the build ran
-    assert render_text(built) == expected
+    assert during >= 200 // ENGINES_PER_STEP  # the counters moved while the build ran
+    assert run_steps(text_steps(built)) == expected
     assert counters[RELAY]["relayed"] > 3
     # A build started now sees the new values.
-    later = render_text(run_steps(family_steps(snap, stats, faults, MODEL, counters)))
+    later = run_steps(text_steps(run_steps(family_steps(snap, stats, faults, MODEL, counters))))
     assert later != expected
     assert f'result="new-{during}"'.encode() in later

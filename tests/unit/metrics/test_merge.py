@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from exporter.base.steps import run_steps
 from exporter.client.fake import FakeFleet
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.config.settings import resolve_config
 from exporter.control.runtime import Exporter
 from exporter.metrics import merge
 from exporter.metrics.catalog import BY_NAME
-from exporter.metrics.exposition import render_text
+from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import Family
 from exporter.metrics.merge import BadShare, families_from_json, families_to_json, merge_processes
 from tests.harness.scrape import metric_value, parse_metrics
@@ -78,7 +79,7 @@ async def test_round_trip_is_exact(model_name: str | None) -> None:
     assert any(f.histograms for f in families) and any(f.rows for f in families)
     back = families_from_json(families_to_json(families))
     assert back == families
-    assert render_text(back) == render_text(families)
+    assert run_steps(text_steps(back)) == run_steps(text_steps(families))
 
 
 def doc(*entries: dict[str, Any]) -> bytes:
@@ -167,7 +168,7 @@ def test_what_is_believed_renders_as_valid_text() -> None:
         durations([[[], [["0.1", 1], ["+Inf", 2]], 0.5]]),
     )
     families = families_from_json(data)
-    parsed = parse_metrics(render_text(families).decode())
+    parsed = parse_metrics(run_steps(text_steps(families)).decode())
     assert metric_value(parsed, "vllm_dp_engine_up", engine='0"}\n', model_name="m") == 1.0
     assert families[1].histograms == [((), [("0.1", 1.0), ("+Inf", 2.0)], 0.5)]
 
@@ -235,7 +236,7 @@ def test_histograms_are_summed_bucket_by_bucket() -> None:
         (("is_sleeping",), [("0.1", 5.0), ("+Inf", 7.0)], 1.3),
         (("sleep",), [("0.1", 0.0), ("+Inf", 1.0)], 2.5),
     ]
-    text = render_text([merged]).decode()
+    text = run_steps(text_steps([merged])).decode()
     parsed = parse_metrics(text)
     counts = [s for s in parsed[name].samples if s.name.endswith("_count")]
     assert {s.labels["method"]: s.value for s in counts} == {"is_sleeping": 7.0, "sleep": 1.0}
@@ -261,7 +262,7 @@ def test_other_label_names_are_not_summed() -> None:
 async def test_real_exporters_merge_to_text_without_a_series_twice() -> None:
     leader, other = await real_families(), await real_families()
     shared = families_from_json(families_to_json(other))
-    text = render_text(merge_processes(leader, [shared])).decode()
+    text = run_steps(text_steps(merge_processes(leader, [shared]))).decode()
     lines = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
     assert len(lines) == len(set(lines))
     parsed = parse_metrics(text)

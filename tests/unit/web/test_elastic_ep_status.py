@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from exporter.base.steps import run_steps
 from exporter.client.fake import FakeFleet, answers
 from exporter.client.fleet import ELASTIC_EP_PHASES, ElasticEpOperation, ElasticEpRead
 from exporter.remote.errorbase import InvalidAnswer
 from exporter.remote.status import Status
-from exporter.web.statusdoc import status_json
-from exporter.web.statuspage import elastic_ep_line, elastic_ep_shown, render_page
+from exporter.web.statusdoc import status_steps
+from exporter.web.statuspage import elastic_ep_line, elastic_ep_shown, page_steps
 from tests.harness.scrape import metric_value
 from tests.harness.statusschema import validate_status
 from tests.unit.control.test_fleet_semantics import make_exporter, scrape
@@ -58,7 +59,7 @@ async def test_each_server_s_operation_is_a_state_set_and_a_status_entry() -> No
     assert metric_value(m, "vllm_dp_elastic_ep_requested_data_parallel_size", target="b") == 4.0
     assert metric_value(m, "vllm_dp_elastic_ep_requested_data_parallel_size", target="a") is None
 
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
     entries = {e["target"]: e for e in doc["elastic_ep_operations"]}
     assert list(entries) == list("abcdef")
@@ -82,7 +83,7 @@ async def test_each_server_s_operation_is_a_state_set_and_a_status_entry() -> No
     assert [o.target for o in status.elastic_ep_operations if o.failed] == ["c"]
     assert status.elastic_ep_operations[1].requested_data_parallel_size == 4
 
-    page = render_page(doc)
+    page = run_steps(page_steps(doc))
     assert 'id="elastic-section">' in page
     assert '<li class="ee-failed" data-target="c"><strong>c</strong>: failed, epoch 9c2e, ' in page
     assert "committing, serving paused, to DP size 4, epoch 12" in page
@@ -93,11 +94,11 @@ async def test_a_mode_without_api_servers_says_null_and_publishes_nothing() -> N
     exporter = make_exporter(fleet(None))
     await exporter.poller.poll_once()
     assert not [name for name in scrape(exporter) if "elastic_ep" in name]
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
     assert doc["elastic_ep_operations"] is None
     assert Status.from_json(doc).elastic_ep_operations is None
-    assert 'id="elastic-section" hidden' in render_page(doc)
+    assert 'id="elastic-section" hidden' in run_steps(page_steps(doc))
 
 
 @pytest.mark.parametrize(
@@ -130,8 +131,8 @@ async def test_every_string_is_escaped() -> None:
     hostile = (ElasticEpRead(HOSTILE, ElasticEpOperation("failed", epoch=HOSTILE, error=HOSTILE)),)
     exporter = make_exporter(fleet(hostile))
     await exporter.poller.poll_once()
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
-    page = render_page(doc)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
+    page = run_steps(page_steps(doc))
     assert page.count("<script") == 1 and "<img" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporter.base.steps import run_steps
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, EngineOutcome, Outcome
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
@@ -20,7 +21,7 @@ from exporter.web.statusdoc import (
     OUTCOMES,
     counters_json,
     history_json,
-    status_json,
+    status_steps,
     verdict_json,
 )
 from tests.harness.snapshots import engine_snapshot, polled
@@ -36,7 +37,7 @@ def detail(name: str, **facts: Any) -> EngineDetail:
 def test_a_mode_that_cannot_know_fault_statuses_is_never_shown_healthy() -> None:
     dead = detail("0", fault_status=FaultStatus("dead", None, 1.0))
     blind = polled(engine_snapshot("0", dead, is_sleeping=False), fault_tolerance_known=False)
-    doc = status_json(blind, CONFIG, now=60.0)
+    doc = run_steps(status_steps(blind, CONFIG, now=60.0))
     validate_status(doc)
     assert doc["fault_tolerance"] == {
         "healthy": None,
@@ -49,7 +50,7 @@ def test_a_mode_that_cannot_know_fault_statuses_is_never_shown_healthy() -> None
         engine_snapshot("1", detail("1", fault_status=FaultStatus("healthy", None, 2.0))),
         engine_snapshot("2", is_sleeping=False),
     )
-    assert status_json(seen, CONFIG, now=60.0)["fault_tolerance"] == {
+    assert run_steps(status_steps(seen, CONFIG, now=60.0))["fault_tolerance"] == {
         "healthy": False,
         "faulty_engines": ["0"],
         "reported_engines": ["0", "1"],
@@ -63,7 +64,7 @@ def test_every_fault_tolerance_value_is_in_the_schema_and_only_healthy_is_health
         engine_snapshot(str(i), detail(str(i), fault_status=FaultStatus(s, None, 1.0)))
         for i, s in enumerate(FT_STATE_VALUES)
     ]
-    doc = status_json(polled(*snaps), CONFIG, now=60.0)
+    doc = run_steps(status_steps(polled(*snaps), CONFIG, now=60.0))
     validate_status(doc)
     assert [e["fault_tolerance"]["status"] for e in doc["engines"]] == list(FT_STATE_VALUES)
     assert doc["fault_tolerance"]["faulty_engines"] == [
@@ -78,7 +79,7 @@ def test_the_latest_membership_event_of_any_engine_is_the_fleets() -> None:
         engine_snapshot("0", detail("0", membership=early), is_sleeping=False),
         engine_snapshot("1", detail("1", membership=late), is_sleeping=False),
     )
-    doc = status_json(snap, CONFIG, now=60.0)
+    doc = run_steps(status_steps(snap, CONFIG, now=60.0))
     validate_status(doc)
     assert doc["last_membership_event"] == {
         "engine": "1",
@@ -88,7 +89,10 @@ def test_the_latest_membership_event_of_any_engine_is_the_fleets() -> None:
         "unix": 20.0,
     }
     assert doc["engines"][0]["membership_event"]["event"] == "RECONFIGURE_FINISHED"
-    assert status_json(polled(engine_snapshot("0")), CONFIG)["last_membership_event"] is None
+    assert (
+        run_steps(status_steps(polled(engine_snapshot("0")), CONFIG))["last_membership_event"]
+        is None
+    )
 
 
 def test_each_engine_says_how_long_since_it_last_answered_and_what_it_registered() -> None:
@@ -96,7 +100,7 @@ def test_each_engine_says_how_long_since_it_last_answered_and_what_it_registered
     stats = Stats()
     stats.record_confirmed_resets(["0"], "pause", 55.0)
     snap = polled(engine_snapshot("0", registered, 59.1234, is_sleeping=False))
-    (doc,) = status_json(snap, CONFIG, stats, now=60.0)["engines"]
+    (doc,) = run_steps(status_steps(snap, CONFIG, stats, now=60.0))["engines"]
     assert doc["seconds_since_last_success"] == 0.877 and doc["last_success_unix"] == 59.1234
     assert doc["registration"]["dtype"] == "bfloat16"
     assert set(doc["registration"]) == set(REGISTRATION_KEYS)
@@ -108,7 +112,7 @@ def test_each_engine_says_how_long_since_it_last_answered_and_what_it_registered
     }
     assert doc["kv_events"] is None and doc["fault_tolerance"] is None
     # A clock behind the last success never shows a negative age.
-    (behind,) = status_json(snap, CONFIG, stats, now=50.0)["engines"]
+    (behind,) = run_steps(status_steps(snap, CONFIG, stats, now=50.0))["engines"]
     assert behind["seconds_since_last_success"] == 0.0
 
 
@@ -147,7 +151,7 @@ def test_failed_calls_count_every_outcome_but_ok_and_actions_only_those_that_ran
 
 def test_without_counters_or_history_the_document_keeps_its_shape() -> None:
     snap = empty_snapshot([EngineDetail("0", False, "a")], expected=1, connected=0)
-    doc = status_json(snap, CONFIG, now=60.0, unexpected={"ab12": (7, 3, 59.0)})
+    doc = run_steps(status_steps(snap, CONFIG, now=60.0, unexpected={"ab12": (7, 3, 59.0)}))
     validate_status(doc)
     assert doc["last_poll"] == {"number": 0, "unix": None, "duration_s": None}
     assert doc["history"] == {"bucket_s": 0, "window_s": 0, "entries": []}
@@ -186,7 +190,7 @@ def test_each_engine_says_what_it_is_doing_and_null_where_unknown() -> None:
         ),
         engine_snapshot("6", is_sleeping=False),  # has_work not read (unsupported)
     )
-    doc = status_json(snap, CONFIG, now=60.0)
+    doc = run_steps(status_steps(snap, CONFIG, now=60.0))
     validate_status(doc)
     assert [e["activity"] for e in doc["engines"]] == [
         {"has_work": True, "running": 2, "waiting": 1, "drained": False},
@@ -200,7 +204,7 @@ def test_each_engine_says_what_it_is_doing_and_null_where_unknown() -> None:
         {"has_work": None, "running": None, "waiting": None, "drained": None},
     ]
     before = empty_snapshot([EngineDetail("0", True, "a")], expected=1, connected=1)
-    (first,) = status_json(before, CONFIG, now=60.0)["engines"]
+    (first,) = run_steps(status_steps(before, CONFIG, now=60.0))["engines"]
     assert first["activity"] == {
         "has_work": None,
         "running": None,

@@ -10,11 +10,12 @@ import re
 from html import escape
 from typing import Any
 
+from exporter.base.steps import run_steps
 from exporter.client.fake import FakeFleet, answers
 from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.fleetstate.history import FleetHistory
-from exporter.web.statusdoc import SCHEMA_VERSION, status_json
-from exporter.web.statuspage import CSP, HEADERS, activity_cell, age, render_page
+from exporter.web.statusdoc import SCHEMA_VERSION, status_steps
+from exporter.web.statuspage import CSP, HEADERS, activity_cell, age, page_steps
 from tests.harness.statusschema import validate_status
 from tests.unit.control.test_fleet_semantics import make_exporter
 
@@ -32,14 +33,14 @@ def awake(version: str | None = "v1") -> dict[str, Any]:
 async def test_document_validates_before_and_after_polls() -> None:
     exporter = make_exporter(fleet({"0": awake(), "1": awake("v2")}))
     poller = exporter.poller
-    doc = status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
+    doc = run_steps(status_steps(poller.snapshot, exporter.config, exporter.stats, poller.history))
     validate_status(doc)
     assert doc["schema_version"] == SCHEMA_VERSION == 1
     assert doc["last_poll"]["number"] == 0 and doc["history"]["entries"] == []
     assert {v["state"] for v in doc["aggregate"].values()} == {"unknown"}
 
     await poller.poll_once()
-    doc = status_json(poller.snapshot, exporter.config, exporter.stats, poller.history)
+    doc = run_steps(status_steps(poller.snapshot, exporter.config, exporter.stats, poller.history))
     validate_status(doc)
     weights = doc["aggregate"]["get_weight_version"]
     assert weights["state"] == "inconsistent" and weights["consistent"] is False
@@ -74,7 +75,7 @@ async def test_unsupported_and_silent_engines_are_named() -> None:
     fake = FakeFleet(handler, engines=("0", "1", "2"), disconnected=set())
     exporter = make_exporter(fake)
     await exporter.poller.poll_once()
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
     weights = doc["aggregate"]["get_weight_version"]
     assert weights["unsupported"] == ["1"] and weights["missing"] == ["2"]
@@ -88,12 +89,12 @@ async def test_a_mode_without_the_paused_query_says_so() -> None:
     fake = fleet({"0": awake()}, unsupported=frozenset({"is_scheduler_paused"}))
     exporter = make_exporter(fake)
     await exporter.poller.poll_once()
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
     paused = doc["aggregate"]["is_scheduler_paused"]
     assert paused["supported"] is False and paused["state"] == "unknown"
     assert doc["engines"][0]["invariants"]["is_scheduler_paused"]["outcome"] is None
-    assert "not asked in this attach mode" in render_page(doc)
+    assert "not asked in this attach mode" in run_steps(page_steps(doc))
 
 
 def test_last_action_and_counters() -> None:
@@ -111,14 +112,16 @@ def test_last_action_and_counters() -> None:
     }
     stats.record_action("pause", "partial_failure", [("1", "unverified")])
     stats.record_last_action("pause", 502, body, unix=1_700_000_000.0)
-    doc = status_json(exporter.poller.snapshot, exporter.config, stats, now=1_700_000_005.0)
+    doc = run_steps(
+        status_steps(exporter.poller.snapshot, exporter.config, stats, now=1_700_000_005.0)
+    )
     validate_status(doc)
     last = doc["last_action"]
     assert last["action"] == "pause" and last["status"] == 502 and last["success"] is False
     assert last["failed_engines"] == ["1"] and last["engines"][0]["engine"] == "0"
     assert doc["counters"]["actions"] == {"pause": {"partial_failure": 1}}
     assert doc["counters"]["actions_by_outcome"]["partial_failure"] == 1
-    page = render_page(doc)
+    page = run_steps(page_steps(doc))
     assert "PARTIAL_FAILURE</strong> (HTTP 502)" in page and "5.0 s ago" in page
 
 
@@ -155,37 +158,39 @@ async def test_every_engine_string_is_escaped() -> None:
             "engines": [{"engine": HOSTILE, "ok": False, "reason": "failed", "error": HOSTILE}],
         },
     )
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     validate_status(doc)
-    page = render_page(doc)
+    page = run_steps(page_steps(doc))
     assert page.count("<script") == 1 and "<img" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&lt;img" in page
 
 
 def test_csp_allows_exactly_the_inline_style_and_script() -> None:
-    page = render_page(
-        {
-            "generated_unix": 0.0,
-            "model_name": None,
-            "version": "0",
-            "attach": "owner",
-            "engines_expected": 0,
-            "engines_connected": 0,
-            "last_poll": {"number": 0, "unix": None, "duration_s": None},
-            "aggregate": {},
-            "engines": [],
-            "last_action": None,
-            "counters": {
-                "since_unix": 0.0,
-                "polls": 0,
-                "inconsistencies": {},
-                "failed_calls": {},
-                "failed_calls_total": 0,
-                "actions": {},
-                "actions_by_outcome": {},
-            },
-            "history": {"bucket_s": 30, "window_s": 3600, "entries": []},
-        }
+    page = run_steps(
+        page_steps(
+            {
+                "generated_unix": 0.0,
+                "model_name": None,
+                "version": "0",
+                "attach": "owner",
+                "engines_expected": 0,
+                "engines_connected": 0,
+                "last_poll": {"number": 0, "unix": None, "duration_s": None},
+                "aggregate": {},
+                "engines": [],
+                "last_action": None,
+                "counters": {
+                    "since_unix": 0.0,
+                    "polls": 0,
+                    "inconsistencies": {},
+                    "failed_calls": {},
+                    "failed_calls_total": 0,
+                    "actions": {},
+                    "actions_by_outcome": {},
+                },
+                "history": {"bucket_s": 30, "window_s": 3600, "entries": []},
+            }
+        )
     )
     blocks = re.findall(r"<(style|script)>(.*?)</\1>", page, re.S)
     assert [tag for tag, _ in blocks] == ["style", "script"]
@@ -220,12 +225,12 @@ async def test_each_engine_s_activity_has_a_column() -> None:
     }
     exporter = make_exporter(fleet(per_engine))
     await exporter.poller.poll_once()
-    doc = status_json(exporter.poller.snapshot, exporter.config, exporter.stats)
+    doc = run_steps(status_steps(exporter.poller.snapshot, exporter.config, exporter.stats))
     doc["engines"][0]["activity"].update(running=2, waiting=1)  # as HTTP mode publishes them
     doc["engines"][1]["activity"].update(running=0, waiting=0)
     validate_status(doc)
     assert [e["activity"]["drained"] for e in doc["engines"]] == [False, True, None, True]
-    page = render_page(doc)
+    page = run_steps(page_steps(doc))
     cells = re.findall(r'<td class="act act-(\w+)" data-activity="\1">([^<]*)</td>', page)
     assert cells == [
         ("busy", "has work (running 2, waiting 1)"),

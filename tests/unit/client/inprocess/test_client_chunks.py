@@ -1,5 +1,5 @@
 """In-process mode on vLLM's event loop at scale, over an in-memory engine-core client (no
-sockets): a fan-out to 100 engines starts its calls in chunks of ``SEND_CHUNK`` with a loop
+sockets): a fan-out to 100 engines starts its calls in chunks of ``ENGINES_PER_STEP`` with a loop
 turn between them (vLLM streams tokens on that loop), and ``VllmCore`` reads vLLM's engine list
 and KV-events configs afresh on every call but rebuilds what it made of them only when they
 changed (elastic EP, a re-registered engine)."""
@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from exporter.base.steps import ENGINES_PER_STEP
 from exporter.client.fleet import Outcome
 from exporter.client.inprocess import vllm_core
-from exporter.client.inprocess.client import SEND_CHUNK, InProcessFleetClient
+from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore, check_core, rank_of
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 
@@ -101,9 +102,9 @@ async def test_the_loop_turns_while_a_fan_out_starts_its_calls(ticker: Ticker) -
     assert [rank for _, rank, _ in core.calls] == list(range(ENGINES))
     assert turns == sorted(turns)
     assert turns[-1] > turns[0]
-    assert len(set(turns)) >= ENGINES // SEND_CHUNK
+    assert len(set(turns)) >= ENGINES // ENGINES_PER_STEP
     # No more than a chunk's calls start within one turn.
-    assert max(turns.count(t) for t in set(turns)) <= SEND_CHUNK
+    assert max(turns.count(t) for t in set(turns)) <= ENGINES_PER_STEP
 
 
 async def test_an_engine_subset_is_asked_alone_in_rank_order(ticker: Ticker) -> None:
