@@ -28,7 +28,7 @@ import zmq.asyncio
 
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore.client import EngineCoreClient
-from exporter.client.fleet import DEFAULT_ALLOWED_METHODS
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, connected_count
 from exporter.client.owner import OwnerConfig, OwnerTransport
 from exporter.error import EngineUnavailable
 from exporter.protocol import EngineOutput, encode_utility_request
@@ -245,7 +245,7 @@ class SimEngineCore:
         """Until every engine has handshaken (as vLLM's start-up waits), at most ``timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._wire.connected_count() < len(self.core_engines):
+        while connected_count(self._wire) < len(self.core_engines):
             if loop.time() > deadline:
                 raise TimeoutError(f"the engines did not handshake within {timeout_s:g}s")
             await asyncio.sleep(0.02)

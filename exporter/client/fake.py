@@ -8,7 +8,8 @@ sockets. The real-socket tests stay the main proof; this is the fast tier (``mak
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,13 +18,13 @@ import msgspec
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     Capabilities,
-    ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
     check_allowed,
     stopping,
 )
+from exporter.client.observe import ELASTIC_EP_OPERATION, Observation, Observations
 from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.strings import bound_text, bound_value
@@ -75,27 +76,26 @@ class FakeFleet:
             for e in self.engines
         ]
 
-    def connected_count(self) -> int:
-        return sum(1 for e in self.engines if e not in self.disconnected)
-
     @property
     def capabilities(self) -> Capabilities:
-        return self.fake_capabilities
+        methods = self.allowed_methods - self.unsupported
+        return dataclasses.replace(self.fake_capabilities, methods=methods)
 
-    def supports(self, method: str) -> bool:
-        return method in self.allowed_methods and method not in self.unsupported
-
-    def counters(self) -> ClientCounters:
-        return {}
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        return {}
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
-        """``elastic_ep`` is what a test set."""
-
-    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
-        return self.elastic_ep
+    @property
+    def observations(self) -> Observations:
+        """``elastic_ep`` as a test set it (a source only when set: None is a mode without
+        an API server to ask)."""
+        board = Observations()
+        if self.elastic_ep is not None:
+            reads = self.elastic_ep
+            board.add_source(
+                ELASTIC_EP_OPERATION,
+                lambda: [
+                    Observation(r.target, ELASTIC_EP_OPERATION, r, r.read_at_unix or 0.0, "fake")
+                    for r in reads
+                ],
+            )
+        return board
 
     async def start(self) -> None:
         self.started, self.closed = True, False

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from exporter.client.observe import Observations
 from exporter.error import MethodNotAllowed
 from exporter.protocol.activity import RequestCounts
 from exporter.protocol.elastic_ep import ELASTIC_EP_PHASES as ELASTIC_EP_PHASES  # layers above
@@ -178,50 +179,32 @@ class Capabilities:
     #: It learns each rank's running and waiting requests (``EngineDetail.requests``):
     #: in-process (the front end's load-balancing counts) and HTTP mode (vLLM's ``/metrics``).
     request_counts: bool = False
+    #: The methods it can ask at all (its allow-list; HTTP mode: those with a route): a method
+    #: outside is not asked, or counted.
+    methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
 
 
-#: A counter the client keeps of its own (``FleetClient.counters``): the metric family it is
+#: A counter the client keeps of its own (``observe.CLIENT_COUNT``): the metric family it is
 #: published as, and its counts by the family's one label.
 ClientCounters = Mapping[str, Mapping[str, int]]
 
 
 class FleetClient(Protocol):
-    """One outcome per engine for every call: the interface all attach modes implement."""
+    """One outcome per engine for every call, and its lifecycle: the interface all attach
+    modes implement. Everything else a mode learns reaches the layers above through its
+    ``observations`` (``exporter.client.observe``)."""
 
     @property
     def capabilities(self) -> Capabilities: ...
-
-    def counters(self) -> ClientCounters:
-        """The series this client contributes of its own (relayed handshakes, state-file
-        writes): family name → label value → count."""
-        ...
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        """Engines outside the expected set that tried to join (identity → DP rank,
-        handshakes, last seen), newest last; empty where the mode has no handshake."""
-        ...
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
-        """Start reading each API server's elastic-EP operation (one read at a time each,
-        within ``timeout_s``), not awaited: ``elastic_ep_operations`` shows it once it came.
-        Nothing where the mode has no API server to ask."""
-        ...
-
-    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
-        """What each API server (target) last said of its elastic-EP operation, in target
-        order; None where the mode has no API server to ask (owner, relay)."""
-        ...
 
     @property
     def engine_labels(self) -> list[str]: ...
 
     def engine_details(self) -> list[EngineDetail]: ...
 
-    def connected_count(self) -> int: ...
-
-    def supports(self, method: str) -> bool:
-        """Whether this attach mode can ask ``method`` at all (a method without an HTTP route
-        is not asked, or counted, in HTTP mode)."""
+    @property
+    def observations(self) -> Observations:
+        """What this mode learns besides its calls' answers (one seam for every such fact)."""
         ...
 
     async def start(self) -> None: ...
@@ -239,3 +222,8 @@ class FleetClient(Protocol):
         """One outcome per engine called (``engines``, labels; None: every engine), in
         engine order."""
         ...
+
+
+def connected_count(client: FleetClient) -> int:
+    """How many of ``client``'s engines are connected now."""
+    return sum(1 for d in client.engine_details() if d.connected)

@@ -9,19 +9,18 @@ one of the configured ones, the outcome one of ``Outcome``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from typing import Any
 
 from exporter.client.fleet import (
     Capabilities,
-    ClientCounters,
     EngineDetail,
     EngineOutcome,
     FleetClient,
 )
+from exporter.client.observe import Observations
 from exporter.fleetstate.invariants import BY_METHOD, is_unsupported, require_type
 from exporter.metrics.stats import Stats
-from exporter.protocol.elastic_ep import ElasticEpRead
 
 
 def countable(method: str, outcomes: list[EngineOutcome]) -> list[EngineOutcome]:
@@ -41,33 +40,19 @@ class CountedFleet:
         self._stats = stats
 
     @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    @property
     def engine_labels(self) -> list[str]:
         return self.inner.engine_labels
 
     def engine_details(self) -> list[EngineDetail]:
         return self.inner.engine_details()
 
-    def connected_count(self) -> int:
-        return self.inner.connected_count()
-
-    def supports(self, method: str) -> bool:
-        return self.inner.supports(method)
-
     @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
-
-    def counters(self) -> ClientCounters:
-        return self.inner.counters()
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        return self.inner.unexpected_engines()
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
-        self.inner.refresh_elastic_ep(timeout_s)
-
-    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...] | None:
-        return self.inner.elastic_ep_operations()
+    def observations(self) -> Observations:
+        return self.inner.observations
 
     async def start(self) -> None:
         await self.inner.start()

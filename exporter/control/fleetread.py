@@ -48,7 +48,11 @@ class FleetRead:
         not to have a method is not asked; its outcome says so (``is_unsupported``)."""
         self._forget_restarted(details)
         client = self._client
-        asked = [inv for inv in READS if inv.method in methods and client.supports(inv.method)]
+        asked = [
+            inv
+            for inv in READS
+            if inv.method in methods and inv.method in client.capabilities.methods
+        ]
         calls, skipped = [], []
         for inv in asked:
             skip = self._unsupported.get(inv.method, {})

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.client.fleet import EngineOutcome, FleetClient, Outcome
+from exporter.client.fleet import EngineOutcome, FleetClient, Outcome, connected_count
 from exporter.control.fleetread import ALL_METHODS as ALL_METHODS  # a bare gate asks these
 from exporter.control.fleetread import FleetRead
 from exporter.control.verdicts import UNSUPPORTED_STATUS
@@ -371,7 +371,7 @@ class Gate:
         self._last_start = -math.inf
 
     async def check(self, conditions: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        if self._client.connected_count() == 0:
+        if connected_count(self._client) == 0:
             return 503, {
                 "ok": False,
                 "conditions": dict(conditions),

@@ -21,6 +21,7 @@ from exporter.client.fleet import (
     Outcome,
     late_answers_allowed,
 )
+from exporter.client.observe import elastic_ep_reads
 from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
@@ -91,13 +92,14 @@ class Poller:
     def snapshot(self) -> FleetSnapshot:
         if self._snapshot is None:
             client = self._client
+            details = client.engine_details()
             return empty_snapshot(
-                client.engine_details(),
+                details,
                 len(client.engine_labels),
-                client.connected_count(),
+                sum(1 for d in details if d.connected),
                 client.capabilities.fault_status,
                 client.capabilities.request_counts,
-                client.elastic_ep_operations(),
+                elastic_ep_reads(client.observations),
             )
         return self._snapshot
 
@@ -154,7 +156,7 @@ class Poller:
         started = time.perf_counter()
         client = self._client
         # Beside the reads, never on their path: shown once it came (this poll or the next).
-        client.refresh_elastic_ep(self.call_timeout_s)
+        client.observations.refresh(self.call_timeout_s)
         details = {d.engine: d for d in client.engine_details()}
         self._forget_gone(details.keys())
         with late_answers_allowed():  # the poll's reads, never the gate's
@@ -263,11 +265,11 @@ class Poller:
             engines=tuple(engines),
             verdicts=verdicts,
             expected=len(details),
-            connected=self._client.connected_count(),
+            connected=sum(1 for d in details.values() if d.connected),
             poll_number=previous + 1,
             fault_tolerance_known=self._client.capabilities.fault_status,
             request_counts_known=self._client.capabilities.request_counts,
-            elastic_ep=self._client.elastic_ep_operations(),
+            elastic_ep=elastic_ep_reads(self._client.observations),
         )
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:

@@ -21,6 +21,7 @@ from exporter.base.steps import run_steps
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.client.fleet import FleetClient
 from exporter.client.inprocess.vllm_core import VllmCore
+from exporter.client.observe import counters_of
 from exporter.config.settings import ServeConfig
 from exporter.control.attach import build_fleet
 from exporter.control.counted import CountedFleet
@@ -125,7 +126,7 @@ class Exporter:
             self.stats,
             self.faults,
             model_name=self.config.model_name,
-            client_counters=self.client.counters,
+            client_counters=lambda: counters_of(self.client.observations),
         )
         #: This exporter's series only (what the lean text encoder renders too).
         self.registry: CollectorRegistry = build_registry(self.collector)
@@ -142,10 +143,10 @@ class Exporter:
         return (
             self.poller.snapshot.poll_number,
             self.poller.republished,
-            self.client.connected_count(),
+            self.poller.snapshot.connected,
             self.stats.generation,
             self.faults.generation,
-            *(sum(counts.values()) for counts in self.client.counters().values()),
+            *(sum(counts.values()) for counts in counters_of(self.client.observations).values()),
         )
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:

@@ -32,7 +32,7 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.enginecore.events import TransportListener
 from exporter.client.enginecore.links import EngineLink
-from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.client.fleet import EngineOutcome, Outcome, connected_count
 from exporter.client.owner.transport import OwnerConfig, OwnerTransport
 from exporter.error import ProtocolError
 from exporter.protocol import decode_handshake_message
@@ -179,7 +179,7 @@ class SimFrontend:
 
     async def _call_loop(self) -> None:
         while True:
-            if self.client.connected_count():
+            if connected_count(self.client):
                 connected = [
                     str(s.engine_index) for s in self.transport.link_snapshots() if s.connected
                 ]

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from exporter.base.ports import url_host
 from exporter.base.steps import Steps, run_steps
+from exporter.client.observe import unexpected_engines
 from exporter.config.settings import ServeConfig
 from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.control.runtime import Exporter
@@ -110,7 +111,7 @@ def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
         exporter.config,
         exporter.stats,
         poller.history,
-        unexpected=exporter.client.unexpected_engines(),
+        unexpected=unexpected_engines(exporter.client.observations),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from exporter import __version__
 from exporter.base.steps import Steps, every
 from exporter.client.fleet import REGISTRATION_KEYS, ElasticEpRead, EngineDetail, Outcome
+from exporter.client.observe import UnexpectedEngine
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
@@ -222,12 +223,17 @@ def elastic_ep_json(reads: tuple[ElasticEpRead, ...] | None) -> list[dict[str, A
 
 
 def unexpected_json(
-    unexpected: Mapping[str, tuple[int | None, int, float]],
+    unexpected: Mapping[str, UnexpectedEngine],
 ) -> list[dict[str, Any]]:
     """Engines outside the expected set that tried to handshake (newest last)."""
     return [
-        {"identity": key, "dp_rank": rank, "handshakes": n, "last_seen_unix": unix}
-        for key, (rank, n, unix) in unexpected.items()
+        {
+            "identity": key,
+            "dp_rank": seen.dp_rank,
+            "handshakes": seen.handshakes,
+            "last_seen_unix": seen.last_seen_unix,
+        }
+        for key, seen in unexpected.items()
     ]
 
 
@@ -310,7 +316,7 @@ def status_steps(
     stats: Stats | None = None,
     history: FleetHistory | None = None,
     now: float | None = None,
-    unexpected: Mapping[str, tuple[int | None, int, float]] | None = None,
+    unexpected: Mapping[str, UnexpectedEngine] | None = None,
 ) -> Steps[dict[str, Any]]:
     """The ``/status`` document, in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
     the plugin builds it on vLLM's event loop."""

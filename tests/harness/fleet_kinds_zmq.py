@@ -14,6 +14,7 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.fleet import (
     Capabilities,
+    connected_count,
 )
 from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
@@ -84,7 +85,7 @@ class SimEngineKind(FleetKind):
 
     async def _wait_gone(self, i: int) -> None:
         await eventually(
-            lambda: self.client.connected_count() == ENGINES - 1,
+            lambda: connected_count(self.client) == ENGINES - 1,
             WAIT_S,
             f"the client to see engine {i} gone",
         )
@@ -148,7 +149,7 @@ async def start_owner() -> SimEngineKind:
     try:
         await client.start()
         kind.engines, kind.tasks = _recording_engines(config.handshake_address, context)
-        await eventually(lambda: client.connected_count() == ENGINES, WAIT_S, "3 handshakes")
+        await eventually(lambda: connected_count(client) == ENGINES, WAIT_S, "3 handshakes")
     except BaseException:
         await kind.stop()
         raise

@@ -18,6 +18,7 @@ from exporter.base.faults import ProtocolErrorTally
 from exporter.base.ports import free_listen_port
 from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.fleet import EngineOutcome
+from exporter.client.observe import counters_of
 from exporter.client.relay.transport import RelayTransport
 from exporter.config.settings import ServeConfig
 from exporter.control.attach import build_fleet
@@ -42,7 +43,7 @@ class Relay:
     @property
     def handshakes(self) -> Counter[str]:
         """Relayed handshakes by result (``vllm_dp_relay_handshakes_total``; 0 when none)."""
-        return Counter(self.client.counters()["vllm_dp_relay_handshakes_total"])
+        return Counter(counters_of(self.client.observations)["vllm_dp_relay_handshakes_total"])
 
     async def call(
         self, method: str = "is_sleeping", timeout_s: float = 1.0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.base.ports import free_listen_port, free_port_range
+from exporter.client.fleet import connected_count
 from exporter.config.settings import ServeConfig
 from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
@@ -104,7 +105,7 @@ class RestartRig:
             self.engines.append(engine)
             self.tasks.append(asyncio.create_task(engine.run()))
         await eventually(
-            lambda: first.client.connected_count() == self.engine_count, 10, "handshakes"
+            lambda: connected_count(first.client) == self.engine_count, 10, "handshakes"
         )
         await eventually(
             lambda: len(self.recorded().get("engines", [])) == self.engine_count,

@@ -21,6 +21,7 @@ from multidict import CIMultiDictProxy
 
 from exporter.base.ports import free_listen_port
 from exporter.client.enginecore.client import EngineCoreClient
+from exporter.client.fleet import connected_count
 from exporter.config.settings import ServeConfig, resolve_config
 from exporter.control.poller import Poller
 from exporter.control.runtime import Exporter
@@ -154,7 +155,7 @@ class Service:
             self.engines.append(engine)
             self.engine_tasks.append(asyncio.create_task(engine.run()))
         await eventually(
-            lambda: self.exporter.client.connected_count() >= len(self.engines),
+            lambda: connected_count(self.exporter.client) >= len(self.engines),
             what="every engine's handshake",
         )
 

@@ -26,13 +26,19 @@ from exporter.client.fleet import (
     SHUTTING_DOWN,
     Capabilities,
     ChangeCallback,
-    ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
     check_allowed,
     stopping,
     timed_out,
+)
+from exporter.client.observe import (
+    CLIENT_COUNT,
+    UNEXPECTED_ENGINE,
+    Observation,
+    Observations,
+    client_counts,
 )
 from exporter.client.pushes import PushBook
 from exporter.error import EngineUnavailable, StartupError
@@ -134,6 +140,7 @@ class EngineCoreClient:
             beside_a_front_end=beside_a_front_end,
             handshakes=True,
             request_counts=beside_a_front_end,  # the DP coordinator's, as the front end's
+            methods=allowed_methods,
         )
         self._allowed = allowed_methods
         self._on_change = on_change
@@ -149,6 +156,13 @@ class EngineCoreClient:
         #: What engines pushed unasked (the exporter is client 0 in owner mode).
         self.pushes = PushBook(faults)
         self.transport = make_transport(self)
+        #: What the handshake learns besides the calls: strangers that tried to join, and
+        #: the transport's own counters (relayed handshakes, state-file writes).
+        self.observations = Observations()
+        self.observations.add_source(UNEXPECTED_ENGINE, self._unexpected)
+        self.observations.add_source(
+            CLIENT_COUNT, lambda: client_counts(self.transport.counters(), "transport")
+        )
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -180,23 +194,11 @@ class EngineCoreClient:
             )
         return details
 
-    def connected_count(self) -> int:
-        return self.transport.connected_count()
-
-    def supports(self, method: str) -> bool:
-        return method in self._allowed
-
-    def counters(self) -> ClientCounters:
-        return self.transport.counters()
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        return self.transport.unexpected.seen
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
-        """No API server to ask: vLLM reports an operation's phase only on its HTTP route."""
-
-    def elastic_ep_operations(self) -> None:
-        return None
+    def _unexpected(self) -> list[Observation]:
+        return [
+            Observation(identity, UNEXPECTED_ENGINE, seen, seen.last_seen_unix, "handshake")
+            for identity, seen in self.transport.unexpected.seen.items()
+        ]
 
     async def start(self) -> None:
         self._closed = False

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from exporter.client.observe import UnexpectedEngine
 from exporter.protocol import EngineOutput, RegistrationInfo
 from exporter.protocol.pushes import FaultStatus
 
@@ -56,16 +57,17 @@ MAX_UNEXPECTED = 64
 class UnexpectedEngines:
     """Handshakes from identities outside the expected engine set (``--engine-count``,
     ``--start-rank``: a DP scale-up the exporter was not restarted for, a wrong start rank),
-    by identity in hex: (DP rank or None, handshakes, last seen, unix). At most
-    ``MAX_UNEXPECTED`` identities, the most recent kept: listed, not only counted."""
+    by identity in hex (newest last). At most ``MAX_UNEXPECTED`` identities, the most recent
+    kept: listed, not only counted."""
 
     wall_clock: Callable[[], float] = time.time
-    seen: dict[str, tuple[int | None, int, float]] = field(default_factory=dict)
+    seen: dict[str, UnexpectedEngine] = field(default_factory=dict)
 
     def record(self, identity: bytes) -> None:
         key = identity[:32].hex()
         rank = int.from_bytes(identity, "little") if len(identity) == 2 else None
-        _, count, _ = self.seen.pop(key, (rank, 0, 0.0))
-        self.seen[key] = (rank, count + 1, self.wall_clock())
+        before = self.seen.pop(key, None)
+        count = before.handshakes if before is not None else 0
+        self.seen[key] = UnexpectedEngine(rank, count + 1, self.wall_clock())
         while len(self.seen) > MAX_UNEXPECTED:
             del self.seen[next(iter(self.seen))]

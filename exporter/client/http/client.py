@@ -46,7 +46,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +57,6 @@ from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     LATE_ANSWERS,
     Capabilities,
-    ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
@@ -85,8 +84,8 @@ from exporter.client.http.target import (
     front_end_of,
     target_state,
 )
+from exporter.client.observe import ELASTIC_EP_OPERATION, Observation, Observations
 from exporter.client.pushes import PushBook
-from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
 
@@ -127,6 +126,15 @@ class HttpFleetClient:
         )
         self.retries = 0
         self._closed = False
+        self._capabilities = Capabilities(
+            fault_status=True,
+            request_counts=True,
+            methods=self.allowed_methods & DEFAULT_ALLOWED_METHODS,
+        )
+        #: Each server's elastic-EP operation, read once per poll off the poll's path.
+        self.observations = Observations()
+        self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
+        self.observations.add_refresher(self._refresh_elastic_ep)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -150,31 +158,30 @@ class HttpFleetClient:
             for label, counts in s.counts_by_label().items()
         ]
 
-    def connected_count(self) -> int:
-        return sum(len(s.labels()) for s in self._states if s.connected)
+    @property
+    def capabilities(self) -> Capabilities:
+        """Every target is asked for its fault-tolerance status (one without the route has
+        none) and its requests (``/metrics``, or a plugin's ``/dp/gate``); the methods are the
+        allow-listed ones with a route (whether a given server has it shows in its answer:
+        ``UNSUPPORTED_HINT``)."""
+        return self._capabilities
 
-    #: Every target is asked for its fault-tolerance status (one without the route has none)
-    #: and its requests (``/metrics``, or a plugin's ``/dp/gate``).
-    capabilities = Capabilities(fault_status=True, request_counts=True)
-
-    def supports(self, method: str) -> bool:
-        """Allow-listed and mapped to a route (whether a given server has the route shows in
-        its answer: ``UNSUPPORTED_HINT``). ``route`` maps every method the exporter may send."""
-        return method in self.allowed_methods and method in DEFAULT_ALLOWED_METHODS
-
-    def counters(self) -> ClientCounters:
-        return {}
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        return {}
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
+    def _refresh_elastic_ep(self, timeout_s: float) -> None:
         """Each server's ``POST /is_scaling_elastic_ep``, not awaited (``elastic_ep``)."""
         if not self._closed and self._side is not None:
             self._elastic.refresh(timeout_s, {s.target.label: s.connected for s in self._states})
 
-    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...]:
-        return self._elastic.reads()
+    def _elastic_ep_operations(self) -> list[Observation]:
+        return [
+            Observation(
+                read.target,
+                ELASTIC_EP_OPERATION,
+                read,
+                read.read_at_unix or 0.0,
+                "POST /is_scaling_elastic_ep",
+            )
+            for read in self._elastic.reads()
+        ]
 
     async def start(self) -> None:
         self._closed = False

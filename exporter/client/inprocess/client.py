@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
@@ -40,7 +40,6 @@ from exporter.client.fleet import (
     SHUTTING_DOWN,
     STOPPING,
     Capabilities,
-    ClientCounters,
     EngineDetail,
     EngineOutcome,
     Outcome,
@@ -50,8 +49,8 @@ from exporter.client.fleet import (
 )
 from exporter.client.inprocess.elastic_ep import ElasticEpWatch
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
+from exporter.client.observe import ELASTIC_EP_OPERATION, Observation, Observations
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
-from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.strings import bound_text, bound_value
 
 log = logging.getLogger("exporter.inprocess")
@@ -64,6 +63,8 @@ MAX_IN_FLIGHT = 12
 FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
 FRONT_END_TIMEOUT_S = 5.0
+#: Where the elastic-EP observations come from.
+ELASTIC_EP_SOURCE = "get_external_elastic_ep_status"
 ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
 #: The method whose answer the front end's own count of unfinished requests can contradict.
 HAS_WORK = "has_work"
@@ -101,6 +102,9 @@ class InProcessFleetClient:
         self._whole: tuple[Any, ...] | None = None
         #: This process's elastic-EP operation, read once a poll (``elastic_ep``).
         self._elastic = ElasticEpWatch(core)
+        self.observations = Observations()
+        self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
+        self.observations.add_refresher(self._refresh_elastic_ep)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -149,30 +153,27 @@ class InProcessFleetClient:
             details.append(detail)
         return details
 
-    def connected_count(self) -> int:
-        return 0 if self.core.dead() else len(self.core.engines())
-
     @property
     def capabilities(self) -> Capabilities:
         """Fault-tolerance status where this vLLM's front end keeps a table of it; request
         counts from the DP coordinator's and the front end's own (``VllmCore.request_counts``)."""
-        return Capabilities(fault_status=self.core.keeps_fault_status(), request_counts=True)
+        return Capabilities(
+            fault_status=self.core.keeps_fault_status(),
+            request_counts=True,
+            methods=self._allowed,
+        )
 
-    def supports(self, method: str) -> bool:
-        return method in self._allowed
-
-    def counters(self) -> ClientCounters:
-        return {}
-
-    def unexpected_engines(self) -> Mapping[str, tuple[int | None, int, float]]:
-        return {}
-
-    def refresh_elastic_ep(self, timeout_s: float) -> None:
+    def _refresh_elastic_ep(self, timeout_s: float) -> None:
         if not self._closed:
             self._elastic.refresh(timeout_s)
 
-    def elastic_ep_operations(self) -> tuple[ElasticEpRead, ...]:
-        return self._elastic.reads()
+    def _elastic_ep_operations(self) -> list[Observation]:
+        return [
+            Observation(
+                read.target, ELASTIC_EP_OPERATION, read, read.read_at_unix or 0.0, ELASTIC_EP_SOURCE
+            )
+            for read in self._elastic.reads()
+        ]
 
     def _read_fault_statuses(self, ranks: list[int]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this

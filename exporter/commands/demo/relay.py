@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from exporter.base.ports import free_listen_port
+from exporter.client.fleet import connected_count
 from exporter.commands.demo.common import (
     DemoOptions,
     demo_config,
@@ -34,7 +35,7 @@ async def _report_frontend(frontend: SimFrontend, every_s: float = 30.0) -> None
         log.info(
             "simulated front end: %d engines connected, %d is_sleeping answers on slot 0, "
             "%d unknown call ids",
-            frontend.client.connected_count(),
+            connected_count(frontend.client),
             frontend.ok_count(),
             unknown,
         )

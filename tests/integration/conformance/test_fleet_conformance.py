@@ -17,7 +17,15 @@ import time
 
 import pytest
 
-from exporter.client.fleet import READ_METHODS, SHUTTING_DOWN, STOPPING, EngineOutcome, Outcome
+from exporter.client.fleet import (
+    READ_METHODS,
+    SHUTTING_DOWN,
+    STOPPING,
+    EngineOutcome,
+    Outcome,
+    connected_count,
+)
+from exporter.client.observe import counters_of, unexpected_engines
 from exporter.error import MethodNotAllowed
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING, is_cut
@@ -64,7 +72,7 @@ async def test_every_engine_answers_once_in_engine_order(fleet_kind: FleetKind) 
     labels = fleet_kind.labels
     assert len(labels) == ENGINES
     assert [d.engine for d in client.engine_details()] == labels
-    assert client.connected_count() == ENGINES
+    assert connected_count(client) == ENGINES
     outcomes = await timed_call(fleet_kind, "is_sleeping", ANSWER_S)
     assert [(o.outcome, o.value) for o in outcomes] == [(Outcome.OK, False)] * ENGINES
     assert all(o.error is None and not o.shutting_down for o in outcomes)
@@ -97,7 +105,7 @@ async def test_a_method_off_the_allow_list_is_refused_before_anything_is_sent(
 ) -> None:
     client = fleet_kind.client
     before = fleet_kind.requests()
-    assert not client.supports(method)
+    assert method not in client.capabilities.methods
     with pytest.raises(MethodNotAllowed, match=method):
         await client.call_utility(method, args, timeout_s=ANSWER_S)
     with pytest.raises(MethodNotAllowed, match=method):
@@ -170,10 +178,10 @@ async def test_a_dead_engine_is_disconnected_and_the_others_answer(
         # vLLM's front end fails as a whole when one engine dies (in-process mode, and so a
         # plugin-enabled server): every engine is disconnected from then on.
         assert kinds(others) == [Outcome.DISCONNECTED] * (ENGINES - 1), others
-        assert fleet_kind.client.connected_count() == 0
+        assert connected_count(fleet_kind.client) == 0
     else:
         assert [(o.outcome, o.value) for o in others] == [(Outcome.OK, False)] * (ENGINES - 1)
-        assert fleet_kind.client.connected_count() == ENGINES - 1
+        assert connected_count(fleet_kind.client) == ENGINES - 1
     details = {d.engine: d.connected for d in fleet_kind.client.engine_details()}
     assert details[fleet_kind.labels[dead]] is False
 
@@ -291,6 +299,6 @@ async def test_capabilities_counters_and_unexpected_engines_are_the_modes_own(
 ) -> None:
     client = fleet_kind.client
     assert client.capabilities == fleet_kind.capabilities
-    assert set(client.counters()) == fleet_kind.counter_families
-    assert dict(client.unexpected_engines()) == {}
-    assert all(client.supports(method) for method in READ_METHODS)
+    assert set(counters_of(client.observations)) == fleet_kind.counter_families
+    assert dict(unexpected_engines(client.observations)) == {}
+    assert all(method in client.capabilities.methods for method in READ_METHODS)

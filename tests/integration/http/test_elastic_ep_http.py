@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from exporter.client.fleet import FleetClient
 from exporter.client.http.client import HttpFleetClient
+from exporter.client.observe import elastic_ep_reads
 from exporter.control.attach import parse_targets
-from exporter.protocol.elastic_ep import ELASTIC_EP_PHASES, MAX_ELASTIC_EP_ANSWER
+from exporter.protocol.elastic_ep import ELASTIC_EP_PHASES, MAX_ELASTIC_EP_ANSWER, ElasticEpRead
 from exporter.remote.status import Status
 from exporter.sim.api_elastic import ELASTIC_EP_PATH
 from exporter.sim.api_server import sim_of, start_api_server
@@ -30,6 +32,13 @@ NAMES = ("first", "middle", "last")
 PHASE_FAMILY = "vllm_dp_elastic_ep_operation"
 EPOCH_FAMILY = "vllm_dp_elastic_ep_epoch"
 SIZE_FAMILY = "vllm_dp_elastic_ep_requested_data_parallel_size"
+
+
+def reads_of(client: FleetClient) -> tuple[ElasticEpRead, ...]:
+    """Each target's last elastic-EP read, as the client's observations give it."""
+    found = elastic_ep_reads(client.observations)
+    assert found is not None  # HTTP mode always has API servers to ask
+    return found
 
 
 async def fleet(
@@ -287,10 +296,10 @@ async def test_a_route_that_hangs_never_delays_the_polls(
     assert snap.poll_duration_s < 0.5 and all(e.up for e in snap.engines)
     client = ex.exporter.client
     await eventually(
-        lambda: (client.elastic_ep_operations() or ())[0].problem is not None,
+        lambda: (reads_of(client) or ())[0].problem is not None,
         what="the hung read's deadline",
     )
-    [first, second] = client.elastic_ep_operations() or ()
+    [first, second] = reads_of(client) or ()
     assert first.problem == "no answer from POST /is_scaling_elastic_ep within 2s"
     assert second.operation is not None and second.operation.phase == "idle"
     assert time.monotonic() - started < 6.0
@@ -310,11 +319,11 @@ async def test_unsupported_is_asked_again_after_the_server_was_unreachable() -> 
     try:
 
         async def poll() -> None:
-            client.refresh_elastic_ep(2.0)
+            client.observations.refresh(2.0)
             await client.call_utility("is_sleeping", timeout_s=2)
 
         await poll()
-        await eventually(lambda: client.elastic_ep_operations()[0].supported is False)
+        await eventually(lambda: reads_of(client)[0].supported is False)
         for _ in range(3):
             await poll()
         assert [p for _, p, _ in sim_of(runner).requests].count(ELASTIC_EP_PATH) == 1
@@ -323,8 +332,8 @@ async def test_unsupported_is_asked_again_after_the_server_was_unreachable() -> 
         runner, _ = await start_api_server(HOST, port, engines=1)
         sim_of(runner).set_elastic_ep("preparing", epoch="12", requested=3)
         await poll()
-        await eventually(lambda: client.elastic_ep_operations()[0].operation is not None)
-        [read] = client.elastic_ep_operations()
+        await eventually(lambda: reads_of(client)[0].operation is not None)
+        [read] = reads_of(client)
         assert read.supported and read.operation is not None
         assert (read.operation.phase, read.operation.epoch_number) == ("preparing", 12)
     finally:
@@ -339,9 +348,9 @@ async def test_a_plugin_target_is_asked_at_its_server_root(start_api: StartApi) 
     client = HttpFleetClient(parse_targets([f"p={api.url}/dp"]))
     await client.start()
     try:
-        client.refresh_elastic_ep(2.0)
-        await eventually(lambda: client.elastic_ep_operations()[0].read_at_unix is not None)
-        [read] = client.elastic_ep_operations()
+        client.observations.refresh(2.0)
+        await eventually(lambda: reads_of(client)[0].read_at_unix is not None)
+        [read] = reads_of(client)
         assert read.target == "p" and read.operation is not None
         assert read.operation.phase == "committing"
         assert ("POST", ELASTIC_EP_PATH) in [(m, p) for m, p, _ in api.sim.requests]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.base.ports import free_listen_port
-from exporter.client.fleet import Outcome
+from exporter.client.fleet import Outcome, connected_count
 from exporter.client.http.client import HttpFleetClient, HttpTarget
 from exporter.client.http.replies import DEV_MODE_OFF, NO_SUCCESS_FIELD, interpret
 from exporter.config.rules import target_lines
@@ -36,7 +36,7 @@ async def test_agreeing_targets(start_api: StartApi, clients: list[HttpFleetClie
     b = await start_api(engines=1)
     client = await client_for(clients, [a.url, f"node-b={b.url}"])
     assert client.engine_labels == ["0", "node-b"]
-    assert client.connected_count() == 0  # nothing asked yet
+    assert connected_count(client) == 0  # nothing asked yet
     outcomes = await client.call_utility("is_sleeping", timeout_s=2)
     assert [(o.engine, o.outcome, o.value) for o in outcomes] == [
         ("0", Outcome.OK, False),
@@ -49,7 +49,7 @@ async def test_agreeing_targets(start_api: StartApi, clients: list[HttpFleetClie
         ("0", True, a.url),
         ("node-b", True, b.url),
     ]
-    assert client.connected_count() == 2
+    assert connected_count(client) == 2
 
 
 async def test_disagreeing_targets(start_api: StartApi, clients: list[HttpFleetClient]) -> None:
@@ -142,7 +142,7 @@ async def test_unreachable_target_is_disconnected(
     assert outcomes[0].outcome is Outcome.OK
     assert outcomes[1].outcome is Outcome.DISCONNECTED
     assert outcomes[1].error is not None and dead in outcomes[1].error
-    assert client.connected_count() == 1
+    assert connected_count(client) == 1
 
 
 async def test_is_scheduler_paused_asks_is_paused(
@@ -150,7 +150,7 @@ async def test_is_scheduler_paused_asks_is_paused(
 ) -> None:
     a = await start_api(engines=1)
     client = await client_for(clients, [a.url])
-    assert client.supports("is_scheduler_paused")
+    assert "is_scheduler_paused" in client.capabilities.methods
     [o] = await client.call_utility("is_scheduler_paused", timeout_s=2)
     assert (o.outcome, o.value) == (Outcome.OK, False)
     assert [(m, p) for m, p, _ in a.sim.requests] == [("GET", "/is_paused")]
@@ -167,7 +167,8 @@ async def test_methods_outside_the_allow_list_are_refused(
     clients.append(client)
     with pytest.raises(MethodNotAllowed):
         await client.call_utility("sleep", (1,), timeout_s=1)
-    assert not client.supports("sleep") and client.supports("is_sleeping")
+    assert "sleep" not in client.capabilities.methods
+    assert "is_sleeping" in client.capabilities.methods
     with pytest.raises(MethodNotAllowed):
         await client.call_utility("reset_prefix_cache", (True, False, True), timeout_s=1)
     assert a.sim.requests == []

@@ -255,12 +255,12 @@ def requests_of(api: Any) -> list[tuple[str, str]]:
 
 async def test_supports_every_routed_method(clients: list[HttpFleetClient]) -> None:
     client = await client_for(clients, ["http://127.0.0.1:1"])
-    assert all(client.supports(m) for m in ALL)
-    assert not client.supports("collective_rpc")
+    assert all(m in client.capabilities.methods for m in ALL)
+    assert "collective_rpc" not in client.capabilities.methods
     narrow = HttpFleetClient(
         parse_targets(["http://127.0.0.1:1"]), allowed_methods=frozenset({"is_sleeping"})
     )
-    assert not narrow.supports("get_weight_version")
+    assert "get_weight_version" not in narrow.capabilities.methods
 
 
 async def test_weight_version_cycle(start_api: StartApi, clients: list[HttpFleetClient]) -> None:

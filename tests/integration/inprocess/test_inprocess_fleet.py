@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.sim_vllm import EngineDeadError
-from exporter.client.fleet import READ_METHODS, STOPPING, EngineOutcome, Outcome
+from exporter.client.fleet import READ_METHODS, STOPPING, EngineOutcome, Outcome, connected_count
 from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
 from exporter.error import MethodNotAllowed
 from exporter.sim.options import SimOptions, SimReply
@@ -32,7 +32,7 @@ async def test_every_engine_answers_in_rank_order(sim_vllm_factory: SimVllmFacto
     )
     client = sim.fleet_client()
     assert client.engine_labels == ["0", "1", "2", "3"]
-    assert client.connected_count() == 4
+    assert connected_count(client) == 4
     details = client.engine_details()
     assert [d.engine for d in details] == ["0", "1", "2", "3"]
     assert all(d.connected and d.address == "in-process (vLLM client 0)" for d in details)
@@ -174,8 +174,9 @@ async def test_method_off_the_allow_list_is_refused_before_sending(sim_vllm: Sim
         await client.call_utility("shutdown", timeout_s=TIMEOUT)
     with pytest.raises(MethodNotAllowed, match="reset_prefix_cache"):
         await readonly.call_utility("reset_prefix_cache", timeout_s=TIMEOUT)
-    assert not client.supports("collective_rpc")
-    assert not readonly.supports("reset_prefix_cache") and readonly.supports("is_sleeping")
+    assert "collective_rpc" not in client.capabilities.methods
+    assert "reset_prefix_cache" not in readonly.capabilities.methods
+    assert "is_sleeping" in readonly.capabilities.methods
     assert sim_vllm.core.utility_results == {}
     assert client.in_flight == {} and readonly.in_flight == {}
     # An allowed call afterwards is the first request any engine reads (ZMQ keeps order).
@@ -208,7 +209,7 @@ async def test_engine_death_disconnects_every_engine(sim_vllm: SimVllm) -> None:
     # is dead from then on: every engine disconnected, every call answered, nothing raised.
     assert sim_vllm.core.resources.engine_dead
     assert seen[0][1] == "disconnected"
-    assert client.connected_count() == 0
+    assert connected_count(client) == 0
     assert [d.connected for d in client.engine_details()] == [False] * 3
     for method in ("reset_prefix_cache", "get_weight_version"):
         got = await client.call_utility(method, timeout_s=TIMEOUT)

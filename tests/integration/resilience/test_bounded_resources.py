@@ -10,6 +10,7 @@ import pytest
 import zmq.asyncio
 
 from exporter.client.enginecore.client import EngineCoreClient
+from exporter.client.fleet import connected_count
 from exporter.control.runtime import Exporter
 from exporter.sim.engine import SimEngine
 from exporter.sim.options import SimOptions
@@ -32,7 +33,7 @@ async def test_a_flapping_engine_over_thousands_of_polls_stays_bounded() -> None
     engines = [SimEngine(config.handshake_address, i, SimOptions(), context=ctx) for i in range(2)]
     tasks = [asyncio.create_task(e.run()) for e in engines]
     try:
-        await eventually(lambda: client.connected_count() == 2, what="handshakes")
+        await eventually(lambda: connected_count(client) == 2, what="handshakes")
         flapper = engines[1].options
         label_sizes = []
         for n in range(POLLS):
@@ -78,7 +79,7 @@ async def test_no_task_or_fd_leaks_across_a_service_lifetime() -> None:
         tasks_before = len(asyncio.all_tasks())
         fds_before = open_fds()
         svc = await start_service(config)
-        await eventually(lambda: svc.client.connected_count() == 2, 10, "handshakes")
+        await eventually(lambda: connected_count(svc.client) == 2, 10, "handshakes")
         await svc.ready()
         await svc.next_polls(3)
         assert svc.admin_url is not None

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from exporter.client.fleet import Outcome
+from exporter.client.fleet import Outcome, connected_count
 from exporter.sim.options import SimOptions
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.scrape import metric_value as metric
@@ -116,7 +116,7 @@ async def test_a_sigkilled_engine_is_down_within_one_call_timeout(
     address = svc.config.handshake_address
     victim = SimProcess(address, 1, "--reply-delay", "0.05")
     with sim_processes(SimProcess(address, 0), victim):
-        await eventually(lambda: svc.client.connected_count() == 2, 10, "handshakes")
+        await eventually(lambda: connected_count(svc.client) == 2, 10, "handshakes")
         await svc.ready()
         scrape_failures: list[str] = []
         stop = asyncio.Event()
@@ -168,7 +168,7 @@ async def test_a_restarted_engine_handshakes_again(service_factory: ServiceFacto
     first = SimProcess(address, 1)
     second = SimProcess(address, 1, "--sleeping")
     with sim_processes(SimProcess(address, 0), first):
-        await eventually(lambda: svc.client.connected_count() == 2, 10, "handshakes")
+        await eventually(lambda: connected_count(svc.client) == 2, 10, "handshakes")
         await svc.ready()
         first.kill()
         await eventually(

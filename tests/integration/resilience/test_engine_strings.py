@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
+from exporter.client.fleet import connected_count
 from exporter.protocol.strings import CUT_MARKER, MAX_ENGINE_STRING, is_cut
 from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
@@ -70,7 +71,7 @@ async def fleet(mode: str, hostile: int) -> AsyncIterator[Service]:
             engines.append(engine)
             tasks.append(asyncio.create_task(engine.run()))
         await eventually(
-            lambda: service.exporter.client.connected_count() == ENGINES, 10, "handshakes"
+            lambda: connected_count(service.exporter.client) == ENGINES, 10, "handshakes"
         )
         yield service
     finally:

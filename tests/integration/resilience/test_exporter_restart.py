@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exporter.base.ports import free_listen_port, free_port_range
-from exporter.client.fleet import Outcome
+from exporter.client.fleet import Outcome, connected_count
 from tests.harness.processes import SimProcess, sim_processes
 from tests.harness.restart import answering
 from tests.harness.scrape import metric_value as metric
@@ -57,7 +57,7 @@ async def test_a_restarted_exporter_reattaches_on_fixed_ports(
     with sim_processes(*engines):
         first = await start_service(make_config(2, **settings))
         try:
-            await eventually(lambda: first.client.connected_count() == 2, 10, "handshakes")
+            await eventually(lambda: connected_count(first.client) == 2, 10, "handshakes")
             await first.ready()
             assert [e.sleeping for e in first.exporter.poller.snapshot.engines] == [False, True]
             # Stop while calls are in flight: their replies will reach the next exporter.
@@ -111,7 +111,7 @@ async def test_restarted_owner_remembers_what_engines_registered(tmp_path: Path)
     with sim_processes(*engines):
         first = await start_service(make_config(2, **settings))
         try:
-            await eventually(lambda: first.client.connected_count() == 2, 10, "handshakes")
+            await eventually(lambda: connected_count(first.client) == 2, 10, "handshakes")
         finally:
             await first.stop()
         second = await start_service(make_config(2, **settings))

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
+from exporter.client.fleet import connected_count
 from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
 from exporter.sim.options import SimOptions
@@ -66,7 +67,7 @@ async def fleet(mode: str, down: set[int]) -> AsyncIterator[Service]:
                 engines.append(engine)
                 tasks.append(asyncio.create_task(engine.run()))
             await eventually(
-                lambda: service.exporter.client.connected_count() == len(up), 10, "handshakes"
+                lambda: connected_count(service.exporter.client) == len(up), 10, "handshakes"
             )
         yield service
     finally:

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 
 from exporter.base.ports import free_listen_port, free_port_range
+from exporter.client.observe import counters_of
 from exporter.error import ConfigError
 from exporter.sim.options import SimOptions
 from tests.harness.processes import PYTHON, ROOT, clean_env, run_cli, terminate
@@ -121,7 +122,7 @@ async def _writes(service: Service, outcome: str) -> float:
 
 def counted(service: Service) -> Mapping[str, int]:
     """The state-file writes the client counts of its own, by outcome."""
-    return service.exporter.client.counters()["vllm_dp_state_file_writes_total"]
+    return counters_of(service.exporter.client.observations)["vllm_dp_state_file_writes_total"]
 
 
 async def test_failed_state_file_writes_are_counted_and_logged_once(
@@ -138,12 +139,12 @@ async def test_failed_state_file_writes_are_counted_and_logged_once(
     state.unlink()
     state.mkdir()  # every write from now on fails (rename onto a directory)
     caplog.clear()
-    writes = counted(service)
     for engine, task in zip(list(service.engines), list(service.engine_tasks), strict=True):
-        failed = writes["failed"]
+        failed = counted(service)["failed"]
         engine.options.dead_after_calls = engine.calls + 1  # its death is written down (tried)
         await eventually(task.done, 5, "the engine's death")
-        await eventually(partial(lambda f: writes["failed"] > f, failed), 5, "a failed write")
+        more = partial(lambda f: counted(service)["failed"] > f, failed)
+        await eventually(more, 5, "a failed write")
     assert await _writes(service, "failed") >= 2
     assert await _writes(service, "ok") == ok
     errors = [

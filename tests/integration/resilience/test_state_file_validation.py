@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from exporter.client.enginecore.dataplane import EngineDataPlane
+from exporter.client.fleet import connected_count
 from tests.harness.relay import cross_talk
 from tests.harness.restart import VLLM_VERSION, RestartRig, answering
 from tests.harness.service import Service
@@ -201,7 +202,7 @@ async def _restart_on_damaged_file(
         # front end's own calls go on being answered by every engine.
         transport = service.client.transport
         assert isinstance(transport, EngineDataPlane)
-        assert service.client.connected_count() == 0
+        assert connected_count(service.client) == 0
         assert not any(transport.is_callable(i) for i in range(3))
         await eventually(
             lambda: all(

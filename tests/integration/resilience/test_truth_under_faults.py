@@ -14,6 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from exporter.client.fleet import connected_count
 from exporter.client.owner.transport import OwnerTransport
 from exporter.protocol import (
     ENGINE_CORE_DEAD,
@@ -179,11 +180,11 @@ async def test_sigkilled_engine_is_not_connected(service_factory: ServiceFactory
     address = svc.config.handshake_address
     victim = SimProcess(address, 1)
     with sim_processes(SimProcess(address, 0), victim):
-        await eventually(lambda: svc.client.connected_count() == 2, 10, "handshakes")
+        await eventually(lambda: connected_count(svc.client) == 2, 10, "handshakes")
         await svc.ready()
         await svc.next_polls(1)
         victim.kill()
-        await eventually(lambda: svc.client.connected_count() == 1, 5, "engine 1 disconnected")
+        await eventually(lambda: connected_count(svc.client) == 1, 5, "engine 1 disconnected")
         await svc.next_polls(1)
         status = await svc.status()
         assert status["engines"][1]["connected"] is False
@@ -192,7 +193,7 @@ async def test_sigkilled_engine_is_not_connected(service_factory: ServiceFactory
         families = await svc.scrape()
         assert metric(families, "vllm_dp_engines_connected") == 1.0
         with sim_processes(SimProcess(address, 1)):
-            await eventually(lambda: svc.client.connected_count() == 2, 10, "reconnected")
+            await eventually(lambda: connected_count(svc.client) == 2, 10, "reconnected")
 
 
 async def test_registration_strings_are_capped(service_factory: ServiceFactory) -> None:
@@ -206,7 +207,7 @@ async def test_registration_strings_are_capped(service_factory: ServiceFactory) 
         for sock in raw.inputs:
             await sock.send(encode_registration(fields))
         await raw.hs.send(encode_handshake_message("READY"))
-        await eventually(lambda: svc.client.connected_count() == 1, what="handshake")
+        await eventually(lambda: connected_count(svc.client) == 1, what="handshake")
         version = svc.exporter.client.engine_details()[0].vllm_version
         assert version is not None and len(version) == MAX_REGISTRATION_STRING
     finally:
@@ -228,7 +229,7 @@ async def test_coordinated_dp_engines_are_refused_in_owner_mode(
     await eventually(
         lambda: svc.exporter.faults.counts.get("engine_refused", 0) == 1, what="refusal"
     )
-    await eventually(lambda: svc.client.connected_count() == 1, what="dense engine up")
+    await eventually(lambda: connected_count(svc.client) == 1, what="dense engine up")
     outcomes = await svc.client.call_utility("is_sleeping", timeout_s=1.0)
     assert outcomes[0].ok
     assert outcomes[1].error is not None and "--attach relay" in outcomes[1].error

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from exporter.base.ports import free_listen_port
+from exporter.client.fleet import connected_count
 from exporter.sim.engine import SimEngine
 from exporter.sim.frontend import SimFrontend
 from exporter.sim.options import SimOptions
@@ -47,7 +48,7 @@ async def relay_service(services: Services, **overrides: Any) -> tuple[Service, 
         engine = SimEngine(config.handshake_address, index, SimOptions(), context=svc.context)
         svc.engines.append(engine)  # type: ignore[arg-type]
         svc.engine_tasks.append(asyncio.create_task(engine.run()))
-    await eventually(lambda: svc.exporter.client.connected_count() == 2, what="handshakes")
+    await eventually(lambda: connected_count(svc.exporter.client) == 2, what="handshakes")
     return svc, frontend
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from exporter.client.fleet import connected_count
 from exporter.sim.options import SimOptions
 from tests.harness.scrape import metric_value as value
 from tests.harness.service import CALL_TIMEOUT, ServiceFactory
@@ -117,7 +118,7 @@ async def test_dead_engine_is_disconnected(fleet_factory: ServiceFactory) -> Non
     dying = fleet.engines[1]
     dying.options.dead_after_calls = dying.calls + 1  # ENGINE_CORE_DEAD after its next call
     await eventually(
-        lambda: fleet.exporter.client.connected_count() == 1, what="engine 1 reported dead"
+        lambda: connected_count(fleet.exporter.client) == 1, what="engine 1 reported dead"
     )
     status, body, _ = await fleet.reset()
     assert status == 502

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from exporter.client.fleet import connected_count
 from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
 from exporter.sim.options import SimOptions
 from tests.harness.restart import VLLM_VERSION, IndexRecordingEngine, RestartRig, answering
@@ -71,7 +72,7 @@ async def rig_engines(rig: RestartRig, first: Service) -> None:
         engine = IndexRecordingEngine(rig.handshake, index, SimOptions(vllm_version=VLLM_VERSION))
         rig.engines.append(engine)
         rig.tasks.append(asyncio.create_task(engine.run()))
-    await eventually(lambda: first.client.connected_count() == rig.engine_count, 10, "handshakes")
+    await eventually(lambda: connected_count(first.client) == rig.engine_count, 10, "handshakes")
     await first.next_polls()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import REGISTRATION_KEYS
+from exporter.client.fleet import REGISTRATION_KEYS, connected_count
 from exporter.metrics.catalog import INFO_FACTS
 from exporter.protocol.handshake import LEGACY_REGISTRATION_KEYS, MAX_REGISTRATION_STRING
 from exporter.sim.options import SimOptions
@@ -160,7 +160,7 @@ async def first_run(rig: RestartRig, options: dict[int, SimOptions]) -> dict[str
         engine = IndexRecordingEngine(rig.handshake, index, opts)
         rig.engines.append(engine)
         rig.tasks.append(asyncio.create_task(engine.run()))
-    await eventually(lambda: first.client.connected_count() == rig.engine_count, 10, "handshakes")
+    await eventually(lambda: connected_count(first.client) == rig.engine_count, 10, "handshakes")
     await eventually(
         lambda: len(rig.recorded().get("engines", [])) == rig.engine_count, 5, "the state file"
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.client.fleet import connected_count
 from exporter.fleetstate.history import FleetHistory
 from exporter.sim.options import SimOptions
 from tests.harness.browser import Dom, descendants, dump_dom, find_chromium, screenshot
@@ -173,7 +174,7 @@ async def test_status_page_in_every_fleet_state(
     # One engine down: engine 3 exits; its row says DOWN (disconnected).
     fleet.engines[3].options.shutdown_window_s = 0.0
     fleet.engines[3].stop()
-    await eventually(lambda: fleet.exporter.client.connected_count() == 3, what="engine 3 gone")
+    await eventually(lambda: connected_count(fleet.exporter.client) == 3, what="engine 3 gone")
     dom = await load(fleet, tmp_path, "engine-down")
     rows = _rows(dom)
     assert len(rows) == 4 and rows[3] == ("3", "false", "down")

@@ -22,6 +22,7 @@ import pytest
 from bench.flood import FLOODER
 from bench.procs import proc_rss_kib, stop_process
 from exporter.base.ports import free_listen_port
+from exporter.client.fleet import connected_count
 from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.service import serve_config, start_service
 from tests.harness.waiting import eventually
@@ -57,7 +58,7 @@ async def test_1024_engines_one_missing_one_flooded(tmp_path: Path) -> None:
     flooder: subprocess.Popen[bytes] | None = None
     try:
         client = service.client
-        await eventually(lambda: client.connected_count() == ENGINES - 1, 60, "1,023 handshakes")
+        await eventually(lambda: connected_count(client) == ENGINES - 1, 60, "1,023 handshakes")
         await service.fresh_poll(30)
         rss_before = proc_rss_kib_self()
         address = client.engine_details()[FLOODED].address

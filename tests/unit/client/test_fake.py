@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from exporter.client.fake import FakeFleet, answers
-from exporter.client.fleet import STOPPING, EngineOutcome, Outcome
+from exporter.client.fleet import STOPPING, EngineOutcome, Outcome, connected_count
 from exporter.error import MethodNotAllowed
 from exporter.protocol.strings import MAX_ENGINE_STRING
 
@@ -40,7 +40,7 @@ async def test_disconnected_and_closed_engines_are_never_called() -> None:
     outcomes = await fleet.call_utility("has_work", timeout_s=1.0)
     assert [o.outcome for o in outcomes] == [Outcome.OK, Outcome.DISCONNECTED]
     assert [c[0] for c in fleet.calls] == ["0"]
-    assert fleet.connected_count() == 1
+    assert connected_count(fleet) == 1
     assert [d.connected for d in fleet.engine_details()] == [True, False]
     await fleet.close()
     closed = await fleet.call_utility("has_work", timeout_s=1.0)
@@ -69,7 +69,8 @@ async def test_fixed_answers_fail_a_method_they_do_not_name() -> None:
     assert all(not o.ok for o in missing)
 
 
-def test_supports_is_the_allow_list_less_what_the_test_made_unsupported() -> None:
+def test_its_methods_are_the_allow_list_less_what_the_test_made_unsupported() -> None:
     fleet = FakeFleet(echo, unsupported=frozenset({"has_work"}))
-    assert fleet.supports("is_sleeping") and not fleet.supports("has_work")
-    assert not fleet.supports("shutdown")
+    assert "is_sleeping" in fleet.capabilities.methods
+    assert "has_work" not in fleet.capabilities.methods
+    assert "shutdown" not in fleet.capabilities.methods

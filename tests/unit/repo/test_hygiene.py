@@ -254,7 +254,8 @@ def test_no_tracked_file_is_over_one_mib() -> None:
 
 
 #: The attach-mode packages of ``exporter/client/`` and the other ones each may use (besides the
-#: client's shared modules, ``fleet``, ``fake`` and ``pushes``): modes never import each other.
+#: client's shared modules, ``fleet``, ``fake``, ``pushes`` and ``observe``): modes never import
+#: each other.
 CLIENT_MODES: dict[str, set[str]] = {
     "enginecore": set(),
     "owner": {"enginecore"},

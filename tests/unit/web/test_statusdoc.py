@@ -9,6 +9,7 @@ from typing import Any
 
 from exporter.base.steps import run_steps
 from exporter.client.fleet import REGISTRATION_KEYS, EngineDetail, EngineOutcome, Outcome
+from exporter.client.observe import UnexpectedEngine
 from exporter.config.settings import ServeConfig
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
@@ -151,7 +152,9 @@ def test_failed_calls_count_every_outcome_but_ok_and_actions_only_those_that_ran
 
 def test_without_counters_or_history_the_document_keeps_its_shape() -> None:
     snap = empty_snapshot([EngineDetail("0", False, "a")], expected=1, connected=0)
-    doc = run_steps(status_steps(snap, CONFIG, now=60.0, unexpected={"ab12": (7, 3, 59.0)}))
+    doc = run_steps(
+        status_steps(snap, CONFIG, now=60.0, unexpected={"ab12": UnexpectedEngine(7, 3, 59.0)})
+    )
     validate_status(doc)
     assert doc["last_poll"] == {"number": 0, "unix": None, "duration_s": None}
     assert doc["history"] == {"bucket_s": 0, "window_s": 0, "entries": []}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome
+from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome, connected_count
 from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT, InProcessFleetClient
 from exporter.client.inprocess.vllm_core import (
     REQUIRED_NAMES,
@@ -108,7 +108,7 @@ async def test_engines_are_read_afresh_on_every_call() -> None:
     ]
     core.core_engines.extend([(3).to_bytes(2, "little"), (2).to_bytes(2, "little")])
     assert client.engine_labels == ["0", "1", "2", "3"]
-    assert client.connected_count() == 4
+    assert connected_count(client) == 4
     got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT)
     assert [o.engine for o in got] == ["0", "1", "2", "3"]
     core.core_engines.remove((0).to_bytes(2, "little"))
@@ -230,7 +230,7 @@ async def test_an_engine_dead_core_is_disconnected_everywhere_without_sending() 
     got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT)
     assert [(o.outcome, o.error) for o in got] == [(Outcome.DISCONNECTED, ENGINE_CORE_DEAD)] * 3
     assert core.sent == []
-    assert client.connected_count() == 0
+    assert connected_count(client) == 0
     assert [d.connected for d in client.engine_details()] == [False] * 3
 
 

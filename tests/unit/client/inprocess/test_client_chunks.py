@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from exporter.base.steps import ENGINES_PER_STEP
-from exporter.client.fleet import Outcome
+from exporter.client.fleet import Outcome, connected_count
 from exporter.client.inprocess import vllm_core
 from exporter.client.inprocess.client import InProcessFleetClient
 from exporter.client.inprocess.vllm_core import VllmCore, check_core, rank_of
@@ -165,7 +165,7 @@ async def test_the_client_follows_engines_that_come_and_go(ticker: Ticker) -> No
     expected = [str(r) for r in range(ENGINES + 1) if r != 40]
     assert [o.engine for o in got] == expected
     assert client.engine_labels == expected
-    assert client.connected_count() == ENGINES
+    assert connected_count(client) == ENGINES
 
 
 def kv_config(host: str, topic: str = "kv") -> SimpleNamespace:
