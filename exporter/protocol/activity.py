@@ -32,7 +32,7 @@ METRIC_STATES = {"vllm:num_requests_running": "running", "vllm:num_requests_wait
 MAX_METRICS_LINE = 4096
 #: Most ranks one answer or publication is read for (the exporter's own scale bound).
 MAX_RANKS = 1024
-_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="(\d{1,6})"')
+_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="([0-9]{1,6})"')
 
 
 class RequestCounts(msgspec.Struct, frozen=True):

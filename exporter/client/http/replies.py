@@ -175,7 +175,8 @@ def _checksums(body: bytes) -> list[dict[str, str]]:
 #: ``--disable-log-stats``): the server does not publish its requests, so ``has_work`` is
 #: unsupported there (``exporter.fleetstate.invariants.UNSUPPORTED_MARKERS``), never idle.
 NOT_PUBLISHED = "not published by this server"
-_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="(\d{1,6})"')
+#: ``[0-9]``, not ``\d``: ranks are ASCII digits only (``\d`` takes U+0661; ``int()`` reads 1).
+_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="([0-9]{1,6})"')
 
 
 def _series_ranks(text: str) -> set[int | None]:

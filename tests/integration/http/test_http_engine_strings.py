@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from exporter.client.http.consensus import MAX_CONSENSUS_MESSAGE, MAX_VALUE_CHARS
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import MAX_ENGINE_STRING, is_cut
 from exporter.sim.options import SimOptions
@@ -139,14 +140,16 @@ async def test_megabyte_api_server_strings_are_cut_like_engine_strings(
 
 @pytest.mark.parametrize(
     ("length", "outcome"),
-    [(10_000, "inconsistent"), (HUGE, "failed")],
-    ids=["within_the_bound", "a_megabyte"],
+    [(10_000, "inconsistent"), (MAX_VALUE_CHARS + 1, "failed"), (HUGE, "failed")],
+    ids=["within_the_bound", "a_value_over_its_cap", "a_megabyte"],
 )
 async def test_values_of_a_long_disagreement_are_cut(length: int, outcome: str) -> None:
     """An API server whose own engines disagree about a long weight version answers vLLM's 500
-    naming both values: within ``MAX_CONSENSUS_MESSAGE`` the target is inconsistent with each
-    value cut; a megabyte message is not parsed at all, the target's call failed (its error
-    cut), and nothing grows."""
+    naming both values: within ``MAX_CONSENSUS_MESSAGE`` and ``MAX_VALUE_CHARS`` the target is
+    inconsistent with each value cut; a value over its cap (the message within the bound) or a
+    megabyte message is not read, the target's call failed (its error cut), and nothing
+    grows."""
+    assert length == HUGE or length + 1024 < MAX_CONSENSUS_MESSAGE  # the message fits the bound
     servers = ApiServers()
     try:
         split = await servers.start(

@@ -68,6 +68,8 @@ def test_without_a_read_back_the_answer_carries_no_state() -> None:
 def test_engine_indices_are_numbers_and_target_names_stay_strings() -> None:
     assert engine_id("3") == 3 and engine_id("node-a/0") == "node-a/0"
     assert engine_id("-1") == "-1" and engine_id("") == ""
+    # ASCII digits only: "²" made int() raise, U+0661 (Arabic-Indic one) read as engine 1.
+    assert engine_id("\u00b2") == "\u00b2" and engine_id("\u0661") == "\u0661"
     verdict = ActionVerdict(
         "sleep",
         (

@@ -15,6 +15,7 @@ from exporter.protocol.kv_events import (
     KIND,
     MAX_ENDPOINT,
     MAX_TOPIC,
+    endpoint_target,
     offset_endpoint_port,
     parse_kv_events_config,
     publisher_config,
@@ -111,6 +112,15 @@ def test_the_target_a_consumer_connects_to(
         assert found.note is None
     else:
         assert found.note is not None and note in found.note, found.note
+
+
+@pytest.mark.parametrize("port", ["\u00b2", "\u0665\u0665\u0665\u0667", "\uff15\uff15\uff15\uff17"])
+def test_a_port_that_is_not_ascii_digits_is_no_port(port: str) -> None:
+    """Ports are ASCII digits only: "²" passes ``str.isdigit`` and makes ``int()`` raise, 5557
+    in Arabic-Indic or fullwidth digits reads as 5557. (A registration's endpoint is refused
+    for its characters before this; the rule holds here on its own too.)"""
+    assert endpoint_target(f"tcp://*:{port}", "zmq", "10.0.0.5") == (None, "no port to connect to")
+    assert endpoint_target("tcp://*:5557", "zmq", "10.0.0.5") == ("10.0.0.5:5557", None)
 
 
 def test_the_replay_endpoint_is_resolved_alike_and_its_problem_noted() -> None:

@@ -143,3 +143,26 @@ def test_a_has_work_that_is_not_a_boolean_is_passed_on_for_the_type_check() -> N
     )
     assert outcome.outcome is Outcome.OK and isinstance(outcome.value, str)
     assert len(outcome.value) < 5000
+
+
+@pytest.mark.parametrize(
+    "rank",
+    ["\u00b2", "\u0661", "\uff11", "1\u0661", " 1", "+1"],
+    ids=["superscript", "arabic", "fullwidth", "mixed", "space", "plus"],
+)
+def test_a_rank_that_is_not_ascii_digits_is_that_entry_unreadable(rank: str) -> None:
+    """Ranks are ASCII digits only: "²" passes ``str.isdigit`` and makes ``int()`` raise, the
+    Arabic-Indic and fullwidth one (U+0661, U+FF11) read as rank 1. That entry is dropped like
+    any malformed one; ranks 0 and 1 read right, no rank 1 made of another, nothing raised."""
+    body = gate(
+        engine("0", counts(0, 0), sleeping=False),
+        engine("1", counts(1, 0), sleeping=False),
+        engine(rank, counts(5, 5), sleeping=True),
+    )
+    assert gate_engines(200, body) == ["0", "1"]
+    assert gate_counts(200, body) == {"0": RequestCounts(0, 0), "1": RequestCounts(1, 0)}
+    outcomes = gate_outcomes("a", ["0", "1"], "is_sleeping", 200, body, 0.01)
+    assert [(o.engine, o.outcome, o.value) for o in outcomes] == [
+        ("a/0", Outcome.OK, False),
+        ("a/1", Outcome.OK, False),
+    ]

@@ -104,6 +104,10 @@ HOSTILE = {
     "no_engine_label": (f'{RUNNING}{{model_name="m"}} 0.0\n', f'{WAITING}{{model_name="m"}} 0.0\n'),
     "no_labels": (f"{RUNNING} 0.0\n", f"{WAITING} 0.0\n"),
     "engine_not_a_number": (series(RUNNING, "x", "0.0"), series(WAITING, "x", "0.0")),
+    # Ranks are ASCII digits only: regex ``\d`` takes the first two, which ``int()`` reads 1.
+    "engine_arabic_one": (series(RUNNING, "\u0661", "0.0"), series(WAITING, "\u0661", "0.0")),
+    "engine_fullwidth_one": (series(RUNNING, "\uff11", "0.0"), series(WAITING, "\uff11", "0.0")),
+    "engine_superscript": (series(RUNNING, "\u00b2", "0.0"), series(WAITING, "\u00b2", "0.0")),
     "unclosed_labels": (f'{RUNNING}{{engine="0" 0.0\n', f'{WAITING}{{engine="0" 0.0\n'),
     "running_only": (series(RUNNING, 0, "0.0"),),
     "duplicate_with_a_bad_value": (*pair(0, "0.0", "0.0"), series(RUNNING, 0, "NaN")),
