@@ -197,8 +197,8 @@ def test_scenario3_a_paused_front_end_shows_as_paused_engines_not_asleep(
 def _refused_while_paused(
     exporter: ExporterProc, api: str, attempts: list[str]
 ) -> tuple[list[LongGeneration], web.Reply, dict[str, float]] | None:
-    """Long generations, the front end paused with ``mode=keep`` as soon as the first one
-    streams, then a reset that must not preempt them; returns the generations, the reset's
+    """Long generations, the engines paused by the exporter with ``mode=keep`` as soon as the
+    first one streams, then a reset that must not preempt them; returns the generations, the reset's
     answer and the counters before it, or None when no engine was busy at the pause (retry);
     ``attempts`` gets one line of timings per attempt."""
     started = time.monotonic()
@@ -215,8 +215,10 @@ def _refused_while_paused(
     }
     gens = start_long_generations(api, GENERATIONS, LONG_TOKENS, allow_ended=True, wait_all=False)
     # Paused with mode=keep, the running requests keep their KV blocks however fast this CPU
-    # generates, so the refusals below cannot race the end of the generations.
-    with paused_keeping_requests(api, exporter.status):
+    # generates, so the refusals below cannot race the end of the generations. Paused by the
+    # exporter (this deployment allows it state changes), straight to the engines: the front
+    # end, streaming 12 generations, sent its own pause 40-60 s late, after they had ended.
+    with paused_keeping_requests(api, exporter.status, exporter.admin):
         paused_at = time.monotonic() - started
         # vLLM refuses a prefix-cache reset while running requests hold KV blocks: each engine
         # the front end's load balancer gave a generation refuses, the others confirm.

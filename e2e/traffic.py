@@ -179,23 +179,33 @@ def paused_states(status: dict[str, Any]) -> list[Any]:
 
 
 @contextlib.contextmanager
-def paused_keeping_requests(api_url: str, status: Callable[[], dict[str, Any]]) -> Iterator[None]:
-    """vLLM's front end paused with ``mode=keep&clear_cache=false`` (running requests and their
-    KV blocks kept) for the ``with`` block, then resumed.
+def paused_keeping_requests(
+    api_url: str,
+    status: Callable[[], dict[str, Any]],
+    admin: Callable[..., web.Reply] | None = None,
+) -> Iterator[None]:
+    """The engines paused with ``mode=keep&clear_cache=false`` (running requests and their KV
+    blocks kept) for the ``with`` block, then resumed: by vLLM's front end (``POST /pause``),
+    or, given ``admin`` (an exporter's ``admin(action, **query)``), by the exporter's own
+    verified action, straight to the engines.
 
-    The pause may land late, so ``POST /pause`` runs in the background and the block starts
-    once the exporter (``status``: its /status) sees every engine's scheduler paused, or the
-    pause answers. The resume is sent only after the pause answered (a late pause would undo
-    an earlier resume and leave the engines paused), then every engine is seen running again.
+    The pause may land late (a front end streaming a dozen generations on 2 cores sent it
+    40-60 s late), so it runs in the background and the block starts once the exporter
+    (``status``: its /status) sees every engine's scheduler paused, or the pause answers. The
+    resume is sent only after the pause answered (a late pause would undo an earlier resume
+    and leave the engines paused), then every engine is seen running again.
     """
     pool = ThreadPoolExecutor(1)
-    url = f"{api_url}/pause?mode=keep&clear_cache=false"
-    pause = pool.submit(web.post, url, timeout_s=PAUSE_WAIT_S)
+    if admin is None:
+        url = f"{api_url}/pause?mode=keep&clear_cache=false"
+        pause = pool.submit(web.post, url, timeout_s=PAUSE_WAIT_S)
+    else:
+        pause = pool.submit(admin, "pause", mode="keep", clear_cache="false")
     try:
         web.wait_for(
             lambda: pause.done() or all(v is True for v in paused_states(status())),
             PAUSE_WAIT_S,
-            "the front end's pause on every engine",
+            "the pause on every engine",
         )
         if pause.done():
             assert pause.result().status == 200, pause.result().body
@@ -205,7 +215,7 @@ def paused_keeping_requests(api_url: str, status: Callable[[], dict[str, Any]]) 
             pause.result(PAUSE_WAIT_S)
         pool.shutdown(wait=False)
         # Resumed, the generations stream at once: the busy front end may answer late.
-        resumed = web.post(f"{api_url}/resume", timeout_s=60)
+        resumed = web.post(f"{api_url}/resume", timeout_s=60) if admin is None else admin("resume")
         assert resumed.status == 200, resumed.body
         web.wait_for(
             lambda: all(v is False for v in paused_states(status())), 30, "every engine resumed"

@@ -109,16 +109,26 @@ def parse_wake_up(query: Query, body: bytes) -> ActionRequest:
 
 
 def parse_pause(query: Query, body: bytes) -> ActionRequest:
-    q = _single(query, {"mode"})
+    q = _single(query, {"mode", "clear_cache"})
     _no_body(body, "pause")
     mode = _choice("mode", q.get("mode", "abort"), PAUSE_MODES)
+    # vLLM clears every cache once the pause completes (clear_cache, its default true), which
+    # for mode keep preempts the running requests it keeps; clear_cache=false keeps them. The
+    # argument is sent only when asked, as before.
+    if "clear_cache" not in q:
+        return _pause_request((mode,), {"mode": mode})
+    clear_cache = parse_bool("clear_cache", q["clear_cache"])
+    return _pause_request((mode, clear_cache), {"mode": mode, "clear_cache": clear_cache})
+
+
+def _pause_request(args: tuple[Any, ...], params: dict[str, Any]) -> ActionRequest:
     return ActionRequest(
         "pause",
         "pause_scheduler",
-        (mode,),
-        {"mode": mode},
+        args,
+        params,
         Check(PAUSED, True),
-        check_drained=mode == "wait",
+        check_drained=args[0] == "wait",
     )
 
 

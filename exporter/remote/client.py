@@ -336,11 +336,16 @@ class Client:
         self,
         mode: PauseMode | None = None,
         *,
+        clear_cache: bool | None = None,
         idempotency_key: str | None = None,
         timeout_s: float = ACTION_TIMEOUT_S,
     ) -> ActionResult:
-        """Pause every engine's scheduler (the exporter's default mode: abort); verified."""
-        params = {"mode": mode} if mode is not None else {}
+        """Pause every engine's scheduler (the exporter's default mode: abort); verified.
+        ``clear_cache=False``: vLLM keeps its caches (and, mode keep, the running requests'
+        KV blocks); None sends nothing (vLLM's default: cleared)."""
+        params: dict[str, str] = {"mode": mode} if mode is not None else {}
+        if clear_cache is not None:
+            params["clear_cache"] = "true" if clear_cache else "false"
         return await self.action(
             "pause", params, idempotency_key=idempotency_key, timeout_s=timeout_s
         )

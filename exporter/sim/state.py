@@ -104,6 +104,8 @@ class EngineState:
     now: float = 0.0
     #: When the demo story last sent this engine a request.
     last_arrival: float | None = None
+    #: The ``clear_cache`` the last ``pause_scheduler`` was sent (None: none yet).
+    pause_clear_cache: bool | None = None
 
     @classmethod
     def initial(
@@ -206,6 +208,7 @@ class EngineState:
         if mode not in PAUSE_MODES:
             raise ValueError(f"Invalid pause mode: {mode}")
         self.paused = True
+        self.pause_clear_cache = clear_cache
         left = self.work.pause(mode, self.now)
         if mode == "wait" and max(self.drain_s, left) > 0:
             return Deferred(max(self.drain_s, left))

@@ -126,8 +126,11 @@ def _sleep_params(args: argparse.Namespace) -> dict[str, str]:
     return params
 
 
-def _mode_params(args: argparse.Namespace) -> dict[str, str]:
-    return {"mode": args.mode} if args.mode is not None else {}
+def _pause_params(args: argparse.Namespace) -> dict[str, str]:
+    params = {"mode": args.mode} if args.mode is not None else {}
+    if args.keep_cache:
+        params["clear_cache"] = "false"
+    return params
 
 
 def _tags_params(args: argparse.Namespace) -> dict[str, str]:
@@ -139,7 +142,7 @@ COMMANDS = {
     for c in (
         AdminCommand("sleep", "sleep", "put every engine to sleep (verified)", _sleep_params),
         AdminCommand("wake-up", "wake_up", "wake every engine up (verified)", _tags_params),
-        AdminCommand("pause", "pause", "pause every engine's scheduler (verified)", _mode_params),
+        AdminCommand("pause", "pause", "pause every engine's scheduler (verified)", _pause_params),
         AdminCommand("resume", "resume", "resume every engine's scheduler (verified)"),
         AdminCommand(
             "set-weight-version", "weight_version", "set the weight version on every engine"
@@ -172,6 +175,13 @@ def add_admin_commands(sub: Any) -> None:
                 choices=PAUSE_MODES,
                 default=None,
                 help="what happens to running requests (default: abort)",
+            )
+        if command.name == "pause":
+            p.add_argument(
+                "--keep-cache",
+                action="store_true",
+                help="vLLM keeps its caches (clear_cache=false; mode keep: the running "
+                "requests' KV blocks too)",
             )
         if command.name == "wake-up":
             p.add_argument(

@@ -127,13 +127,20 @@ async def test_sleep_wake_pause_resume_are_verified_on_every_engine(
     assert status == 200 and all(e["state"] is False for e in body["engines"]), body
     status, body = await post(svc, "pause", params={"mode": "keep"})
     assert status == 200 and all(engine.state.paused for engine in svc.engines)
+    assert [engine.state.pause_clear_cache for engine in svc.engines] == [True] * 3  # vLLM's
+    status, body = await post(svc, "pause", params={"mode": "keep", "clear_cache": "false"})
+    assert status == 200 and body["params"] == {"mode": "keep", "clear_cache": False}, body
+    assert [engine.state.pause_clear_cache for engine in svc.engines] == [False] * 3
     status, body = await post(svc, "resume")
     assert status == 200 and not any(engine.state.paused for engine in svc.engines)
     status, body = await post(svc, "weight_version", json={"weight_version": "step-3"})
     assert status == 200 and [e["state"] for e in body["engines"]] == ["step-3"] * 3
     m = await svc.scrape()
     for action in ("sleep", "wake_up", "pause", "resume", "weight_version"):
-        assert metric_value(m, "vllm_dp_admin_actions_total", action=action, outcome="success") == 1
+        done = 2 if action == "pause" else 1
+        assert metric_value(m, "vllm_dp_admin_actions_total", action=action, outcome="success") == (
+            done
+        )
 
 
 async def test_an_engine_that_accepts_but_does_not_change_state_fails_as_unverified(

@@ -47,6 +47,17 @@ def test_pause_and_resume_read_the_scheduler_back() -> None:
     assert parse_resume({}, b"").check == Check(PAUSED, False)
 
 
+def test_a_pause_sends_clear_cache_only_when_asked() -> None:
+    kept = parse_pause({"mode": ["keep"], "clear_cache": ["false"]}, b"")
+    assert (kept.args, kept.params) == (("keep", False), {"mode": "keep", "clear_cache": False})
+    assert kept.check == Check(PAUSED, True) and not kept.check_drained
+    cleared = parse_pause({"mode": ["wait"], "clear_cache": ["1"]}, b"")
+    assert (cleared.args, cleared.check_drained) == (("wait", True), True)
+    assert parse_pause({"mode": ["keep"]}, b"").params == {"mode": "keep"}  # as before
+    with pytest.raises(BadActionRequest, match="clear_cache"):
+        parse_pause({"clear_cache": ["no"]}, b"")
+
+
 @pytest.mark.parametrize(
     ("parser", "query"),
     [

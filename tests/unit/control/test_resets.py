@@ -49,6 +49,8 @@ def sleep_query(level: str) -> dict[str, list[str]]:
         (parse_pause({}, b""), "implied"),
         (parse_pause({"mode": ["keep"]}, b""), "implied"),
         (ActionRequest("pause", "pause_scheduler", ("abort", False), {}), None),
+        (parse_pause({"mode": ["keep"], "clear_cache": ["false"]}, b""), None),
+        (parse_pause({"mode": ["keep"], "clear_cache": ["true"]}, b""), "implied"),
         (parse_sleep(sleep_query("0"), b""), None),
         (parse_sleep(sleep_query("1"), b""), "implied"),
         (parse_sleep(sleep_query("2"), b""), "implied"),

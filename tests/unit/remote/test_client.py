@@ -199,7 +199,7 @@ async def test_each_failed_action_carries_its_result() -> None:
 
 
 async def test_each_action_s_parameters() -> None:
-    client, http = client_with(*[(200, OK_ENGINES)] * 8)
+    client, http = client_with(*[(200, OK_ENGINES)] * 9)
     await client.reset_prefix_cache(reset_connector=True)
     await client.sleep()
     await client.wake_up(["weights", "kv_cache"])
@@ -208,6 +208,7 @@ async def test_each_action_s_parameters() -> None:
     await client.pause()
     await client.set_weight_version("v7")
     await client.verify_weights()
+    await client.pause("keep", clear_cache=False)
     assert [(s["url"].rsplit("/", 1)[1], s["params"]) for s in http.sent] == [
         ("reset_prefix_cache", {"reset_running_requests": "false", "reset_connector": "true"}),
         ("sleep", {"level": "1"}),
@@ -217,6 +218,7 @@ async def test_each_action_s_parameters() -> None:
         ("pause", {}),
         ("weight_version", {}),
         ("verify_weights", {}),
+        ("pause", {"mode": "keep", "clear_cache": "false"}),
     ]
     assert http.sent[6]["json"] == {"weight_version": "v7"}
     assert http.sent[7]["timeout_s"] == VERIFY_TIMEOUT_S

@@ -67,6 +67,7 @@ async def test_each_flag_becomes_the_action_s_parameter(client: RecordingClient)
         ["sleep", "--level", "2", "--mode", "wait", "--idempotency-key", "k"],
         ["sleep"],
         ["pause", "--mode", "keep"],
+        ["pause", "--mode", "keep", "--keep-cache"],
         ["wake-up", "--tags", "weights"],
         ["set-weight-version", "v7", "--timeout", "9"],
         ["verify-weights"],
@@ -76,12 +77,13 @@ async def test_each_flag_becomes_the_action_s_parameter(client: RecordingClient)
         ("sleep", {"level": "2", "mode": "wait"}, None),
         ("sleep", {"level": "1"}, None),  # no mode unless asked: older vLLM takes none
         ("pause", {"mode": "keep"}, None),
+        ("pause", {"mode": "keep", "clear_cache": "false"}, None),
         ("wake_up", {"tags": "weights"}, None),
         ("weight_version", {}, {"weight_version": "v7"}),
         ("verify_weights", {}, None),
     ]
     assert client.calls[0][1]["idempotency_key"] == "k"
-    assert [c["timeout_s"] for _, c in client.calls[4:]] == [9.0, VERIFY_TIMEOUT_S]
+    assert [c["timeout_s"] for _, c in client.calls[5:]] == [9.0, VERIFY_TIMEOUT_S]
 
 
 async def test_the_reset_s_flags(client: RecordingClient) -> None:
