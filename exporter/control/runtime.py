@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import gzip
 import logging
 from collections.abc import Iterator
 
-from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.base.faults import ProtocolErrorTally
@@ -27,9 +25,9 @@ from exporter.control.attach import build_fleet
 from exporter.control.counted import CountedFleet
 from exporter.control.gate import Gate
 from exporter.control.poller import Poller
-from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import ExporterCollector, build_registry, self_collectors
-from exporter.metrics.negotiation import CONTENT_TYPES, TEXT, generate_openmetrics, metrics_format
+from exporter.metrics.negotiation import metrics_format
+from exporter.metrics.renderer import Form, Renderer
 from exporter.metrics.stats import Stats
 
 log = logging.getLogger("exporter")
@@ -116,7 +114,6 @@ class Exporter:
         for task in ("poller", "handshake") if handshakes else ("poller",):
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
-        self._render_cache: dict[tuple[str, bool], tuple[tuple[int, ...], bytes, str]] = {}
 
     def _build_registries(self) -> None:
         """The collector over the poller's snapshot, and the three registries rendered from it
@@ -134,9 +131,13 @@ class Exporter:
         #: The process's own process_* / python_* series, appended to every text body.
         self.self_registry = build_registry(*own)
         self.openmetrics_registry = build_registry(self.collector, *own)
+        #: Every form of the series, each rendered once per ``state_version``.
+        self.renderer = Renderer(
+            self.collector, self.self_registry, self.openmetrics_registry, self.state_version
+        )
 
     def state_version(self) -> tuple[int, ...]:
-        """The render cache's key: every change a scrape could show bumps one of these (a
+        """The renderer's cache key: every change a scrape could show bumps one of these (a
         published poll, a counter in ``Stats`` or the fault tally, a handshake before the
         first poll, a relayed handshake, a state-file write), so a cached body is never older
         than the state."""
@@ -150,32 +151,12 @@ class Exporter:
         )
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:
-        """The /metrics body for this Accept header, rendered once per state change: a storm
-        of concurrent scrapes costs one render, not one per scrape, and never starves polls.
-        The cache is keyed on the negotiated format (two of them) and gzip, never on the
-        client's text: at most four entries, whatever clients send."""
-        fmt = metrics_format(accept)
-        content_type = CONTENT_TYPES[fmt]
-        key = (fmt, use_gzip)
-        version = self.state_version()
-        cached = self._render_cache.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1], cached[2]
+        """The /metrics body for this Accept header (``renderer``: rendered once per state
+        change; keyed on the negotiated format and gzip, never on the client's text)."""
+        form = Form(metrics_format(accept), use_gzip)
         with gc_paused():
-            body = self._render(fmt)
-        if use_gzip:
-            body = gzip.compress(body, compresslevel=5)
-        self._render_cache[key] = (version, body, content_type)
-        return body, content_type
-
-    def _render(self, fmt: str) -> bytes:
-        if fmt == TEXT:
-            # process_* change by themselves: rendered with each new body, so they are as
-            # fresh as the exporter's own state (at most one poll old).
-            return run_steps(text_steps(self.collector.families())) + generate_latest(
-                self.self_registry
-            )
-        return generate_openmetrics(self.openmetrics_registry)
+            body = run_steps(self.renderer.steps(form))
+        return body, form.content_type
 
     def _on_fleet_change(self) -> None:
         """An engine came up or went down: poll now, so the change is published at once."""

@@ -17,7 +17,6 @@ connection's peer address, not one a forwarding header put in its place
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -32,17 +31,7 @@ from exporter.control.actions import ACTIONS, ActionSpec
 from exporter.inprocess.peer import FORWARDED_FOR, Peer, request_peer
 from exporter.inprocess.runtime import InProcessRuntime
 from exporter.web.admin import AdminHttpRequest
-from exporter.web.app import (
-    ROUTABLE_CACHE,
-    gate_answer,
-    readiness,
-    status_document_steps,
-)
-from exporter.web.kvtargets import kv_events_targets
-from exporter.web.routabledoc import routable_document
-from exporter.web.statusdoc import json_steps
-from exporter.web.statuspage import HEADERS as PAGE_HEADERS
-from exporter.web.statuspage import page_steps
+from exporter.web.answers import READ_ROUTES, ReadRoute, RouteAnswer, json_answer, not_started
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -55,83 +44,47 @@ NO_TOKEN = (
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def to_response(answer: RouteAnswer) -> Response:
+    """An ``RouteAnswer`` as Starlette's response."""
+    headers = {**answer.headers, "Content-Type": answer.content_type}
+    return Response(answer.body, status_code=answer.status, headers=headers)
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """JSON as the aiohttp service writes it (``json.dumps``), whatever values it holds."""
-    return Response(
-        json.dumps(body).encode(),
-        status_code=status,
-        headers=headers,
-        media_type="application/json",
-    )
+    return to_response(json_answer(body, status, headers))
 
 
 def _unavailable(runtime: InProcessRuntime) -> Response:
-    return json_response({"ok": False, "error": runtime.problem}, status=503)
+    return to_response(not_started(runtime.problem))
+
+
+def read_handler(runtime: InProcessRuntime, route: ReadRoute) -> Handler:
+    """``route``'s answer (``exporter.web.answers``, as the service's) built and written a step
+    per turn of vLLM's loop (256 engines' /status: ~360 KB of JSON)."""
+
+    async def handler(request: Request) -> Response:
+        exporter = runtime.exporter
+        if exporter is None:
+            return _unavailable(runtime)
+        query = {k: request.query_params.getlist(k) for k in request.query_params}
+        return to_response(await route.answer(exporter, query, run_steps_async))
+
+    handler.__name__ = f"dp_{route.name}"
+    return handler
 
 
 class PluginHandlers:
-    """The handlers of the fixed routes, over one runtime; ``vllm_metrics`` renders vLLM's
-    own series (blocking: run off the loop, as vLLM's own handler is). A method's name and
-    docstring are its route's name and description in vLLM's OpenAPI schema."""
+    """The handlers of the plugin's own routes, over one runtime; ``vllm_metrics`` renders
+    vLLM's own series (blocking: run off the loop, as vLLM's own handler is). A method's name
+    and docstring are its route's name and description in vLLM's OpenAPI schema."""
 
     def __init__(self, runtime: InProcessRuntime, vllm_metrics: Callable[[], bytes]) -> None:
         self.runtime = runtime
         self.vllm_metrics = vllm_metrics
 
-    async def status(self, request: Request) -> Response:
-        """Built and written a step per turn of vLLM's loop (256 engines: ~360 KB of JSON)."""
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        doc = await run_steps_async(status_document_steps(exporter))
-        body = await run_steps_async(json_steps(doc))
-        return Response(
-            body,
-            media_type="application/json",
-            headers={"Cache-Control": "no-store"},
-        )
-
-    async def page(self, request: Request) -> Response:
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        # The document in steps, as /dp/status: vLLM's loop streams tokens meanwhile.
-        doc = await run_steps_async(status_document_steps(exporter))
-        page_html = await run_steps_async(page_steps(doc))
-        return Response(page_html, media_type="text/html", headers=PAGE_HEADERS)
-
     async def to_page(self, request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/", status_code=308)
-
-    async def gate(self, request: Request) -> Response:
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        query = {k: request.query_params.getlist(k) for k in request.query_params}
-        code, body = await gate_answer(exporter, query)
-        return json_response(body, status=code, headers={"Cache-Control": "no-store"})
-
-    async def readyz(self, request: Request) -> Response:
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        code, body = readiness(exporter, request.query_params.getlist("engine"))
-        return json_response(body, status=code)
-
-    async def routable(self, request: Request) -> Response:
-        """Every rank's routable verdict from the last poll (as the service's /routable)."""
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        doc = routable_document(exporter.poller.snapshot)
-        return json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
-
-    async def kv_events(self, request: Request) -> Response:
-        exporter = self.runtime.exporter
-        if exporter is None:
-            return _unavailable(self.runtime)
-        doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
-        return json_response(doc, headers={"Cache-Control": "no-store"})
 
     async def ours(self) -> bytes | None:
         """The ``vllm_dp_*`` series (every API server's, merged), None while the plugin is
@@ -183,32 +136,20 @@ class PluginRoute:
 def route_table(h: PluginHandlers) -> list[PluginRoute]:
     """Every route the plugin adds, in the order FastAPI matches them."""
     return [
-        PluginRoute(
-            "GET",
-            f"{PREFIX}/status",
-            h.status,
-            "Every DP engine's state (the exporter's /status document)",
+        *(
+            PluginRoute(
+                "GET",
+                f"{PREFIX}{route.path}",
+                read_handler(h.runtime, route),
+                route.summary,
+                # The page is HTML: no JSON response model in vLLM's schema.
+                response_class=Response if route.path == "/" else None,
+            )
+            for route in READ_ROUTES
         ),
-        PluginRoute("GET", f"{PREFIX}/", h.page, "The status page", response_class=Response),
         PluginRoute("GET", PREFIX, h.to_page, None),
         PluginRoute("GET", f"{PREFIX}/metrics", h.dp_metrics, "The vllm_dp_* series alone"),
         PluginRoute("GET", f"{PREFIX}/healthz", h.healthz, "The plugin answers"),
-        PluginRoute("GET", f"{PREFIX}/gate", h.gate, "The safe-to-resume gate"),
-        PluginRoute(
-            "GET",
-            f"{PREFIX}/readyz",
-            h.readyz,
-            "Whether every engine answered the last poll (?engine=N: whether rank N is routable)",
-        ),
-        PluginRoute(
-            "GET", f"{PREFIX}/routable", h.routable, "Which ranks should take traffic, and why not"
-        ),
-        PluginRoute(
-            "GET",
-            f"{PREFIX}/kv_events_targets",
-            h.kv_events,
-            "Every DP engine's KV-events publisher (Prometheus http_sd)",
-        ),
         PluginRoute(
             "GET", "/metrics", h.metrics, "vLLM's metrics and the per-engine vllm_dp_* series"
         ),

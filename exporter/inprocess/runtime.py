@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 from argparse import Namespace
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.base.logs import configure_embedded_logging
@@ -28,6 +28,7 @@ from exporter.inprocess.trainer import inprocess_config
 from exporter.inprocess.vllm_facts import ApiServer, api_server, core_of, multiprocess_dir
 from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import Family
+from exporter.metrics.renderer import OURS
 from exporter.web.admin import AdminController
 
 log = logging.getLogger("exporter.inprocess")
@@ -46,8 +47,6 @@ class InProcessRuntime:
         self.server = ApiServer(0, 1)
         self.problem: str | None = NOT_STARTED
         self._share_task: asyncio.Task[None] | None = None
-        #: The last ``series()`` text and the exporter state it was made from.
-        self._series: tuple[Hashable, bytes] | None = None
 
     async def start(self, engine_client: Any, args: Namespace | None) -> None:
         """Never raises (a monitor must not stop vLLM): a failure becomes ``problem``."""
@@ -112,22 +111,17 @@ class InProcessRuntime:
     async def series(self) -> bytes | None:
         """The ``vllm_dp_*`` series as text (every API server's, merged), or None before a
         successful start. Built and written a step per turn of vLLM's event loop, and kept
-        until the exporter's state changes: scrapes between two polls cost nothing, and
-        none holds the loop that streams vLLM's tokens for long. With several API servers the
-        merge reads files: it runs in a thread, with the encoding."""
+        until the exporter's state changes (the exporter's ``renderer``): scrapes between two
+        polls cost nothing, and none holds the loop that streams vLLM's tokens for long.
+        With several API servers the merge reads files: it runs in a thread, with the
+        encoding."""
         exporter = self.exporter
         if exporter is None:
             return None
-        version = exporter.state_version()
-        cached = self._series
-        if self.share is None and cached is not None and cached[0] == version:
-            return cached[1]
+        if self.share is None:
+            return await run_steps_async(exporter.renderer.steps(OURS))
         own = await run_steps_async(exporter.collector.family_steps())
-        if self.share is not None:
-            return await asyncio.to_thread(lambda: run_steps(text_steps(self.merge(own))))
-        body = await run_steps_async(text_steps(own))
-        self._series = (version, body)
-        return body
+        return await asyncio.to_thread(lambda: run_steps(text_steps(self.merge(own))))
 
     async def stop(self) -> None:
         exporter, self.exporter = self.exporter, None

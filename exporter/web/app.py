@@ -1,6 +1,5 @@
-"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, /readyz, /status, /gate,
-/routable,
-/kv_events_targets and ``/``.
+"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, and the read routes of
+``exporter.web.answers`` (/status, ``/``, /gate, /readyz, /routable, /kv_events_targets).
 
 Background work (the attach client, the poller, the admin listener) lives in ``cleanup_ctx``, so
 a test can start and stop the whole service in-process with aiohttp's own runner.
@@ -10,36 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from exporter.base.ports import url_host
-from exporter.base.steps import Steps, run_steps
-from exporter.client.observe import unexpected_engines
 from exporter.config.settings import ServeConfig
-from exporter.control.gate import GateRequestError, parse_conditions
 from exporter.control.runtime import Exporter
 from exporter.error import StartupError
 from exporter.metrics.negotiation import VARY, wants_gzip
 from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
+from exporter.web.answers import READ_ROUTES, ReadRoute, RouteAnswer, at_once
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
-from exporter.web.kvtargets import kv_events_targets
-from exporter.web.routabledoc import engine_readiness, routable_document
-from exporter.web.statusdoc import status_steps
-from exporter.web.statuspage import HEADERS as PAGE_HEADERS
-from exporter.web.statuspage import page_steps
 
 log = logging.getLogger("exporter.server")
 
 EXPORTER_KEY = web.AppKey("exporter", Exporter)
 ADMIN_URL_KEY = web.AppKey("admin_url", str)
 MAX_REQUEST_BYTES = 16 * 1024
-#: ``GET /routable`` is computed from the last poll: a router polling it every second may cache.
-ROUTABLE_CACHE = "max-age=1"
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -53,88 +42,25 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
-async def gate(request: web.Request) -> web.Response:
-    """The safe-to-resume gate (``exporter.control.gate``): JSON in every case."""
-    query = {k: request.query.getall(k) for k in request.query}
-    status, body = await gate_answer(request.app[EXPORTER_KEY], query)
-    return web.json_response(body, status=status, headers={"Cache-Control": "no-store"})
-
-
-async def gate_answer(exporter: Exporter, query: Mapping[str, list[str]]) -> tuple[int, Any]:
-    """The gate's status and JSON body for ``query`` (400 for a bad one), whichever server
-    received it (this app, or the plugin's routes on vLLM's port)."""
-    try:
-        conditions = parse_conditions(query)
-    except GateRequestError as exc:
-        return 400, {"ok": False, "error": str(exc)}
-    return await exporter.gate.check(conditions)
-
-
-def readiness(exporter: Exporter, engines: list[str] | None = None) -> tuple[int, dict[str, Any]]:
-    """``/readyz``: 200 when every expected engine answered the last poll, else 503;
-    ``/readyz?engine=N``: 200 while rank N is routable (``routabledoc.engine_readiness``)."""
-    snap = exporter.poller.snapshot
-    if engines:
-        if len(engines) > 1:
-            return 400, {"error": "engine given more than once"}
-        return engine_readiness(snap, engines[0])
-    body = {
-        "ready": snap.ready,
-        "engines_expected": snap.expected,
-        "engines_connected": snap.connected,
-        "last_poll": snap.poll_number,
-    }
-    return (200 if snap.ready else 503), body
-
-
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    status, body = readiness(request.app[EXPORTER_KEY], request.query.getall("engine", []))
-    return web.json_response(body, status=status)
+def to_response(answer: RouteAnswer) -> web.Response:
+    """An ``RouteAnswer`` as aiohttp's response."""
+    headers = {**answer.headers, "Content-Type": answer.content_type}
+    return web.Response(body=answer.body, status=answer.status, headers=headers)
 
 
-async def routable(request: web.Request) -> web.Response:
-    """Every rank's routable verdict from the last poll (``routabledoc.routable_document``)."""
-    doc = routable_document(request.app[EXPORTER_KEY].poller.snapshot)
-    return web.json_response(doc, headers={"Cache-Control": ROUTABLE_CACHE})
+def read_handler(route: ReadRoute) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``route``'s answer over this app's exporter, every step at once."""
 
+    async def handler(request: web.Request) -> web.Response:
+        query = {k: request.query.getall(k) for k in request.query}
+        return to_response(await route.answer(request.app[EXPORTER_KEY], query, at_once))
 
-def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
-    """The ``/status`` document (and the page's data) of ``exporter`` now, in steps
-    (``exporter.base.steps``): run at once here, a step per loop turn in the plugin."""
-    poller = exporter.poller
-    return status_steps(
-        poller.snapshot,
-        exporter.config,
-        exporter.stats,
-        poller.history,
-        unexpected=unexpected_engines(exporter.client.observations),
-    )
-
-
-async def status(request: web.Request) -> web.Response:
-    """The fleet as JSON (``exporter.web.statusdoc``; schema: docs/status.schema.json)."""
-    doc = run_steps(status_document_steps(request.app[EXPORTER_KEY]))
-    return web.json_response(doc, headers={"Cache-Control": "no-store"})
-
-
-async def kv_events(request: web.Request) -> web.Response:
-    """Every engine's KV-events publisher, an ``http_sd`` document (``exporter.web.kvtargets``)."""
-    exporter = request.app[EXPORTER_KEY]
-    doc = kv_events_targets(exporter.poller.snapshot, exporter.config.model_name)
-    return web.json_response(doc, headers={"Cache-Control": "no-store"})
-
-
-async def index(request: web.Request) -> web.Response:
-    """The incident view (``exporter.web.statuspage``), from the same document as /status."""
-    return web.Response(
-        text=run_steps(page_steps(run_steps(status_document_steps(request.app[EXPORTER_KEY])))),
-        content_type="text/html",
-        headers=PAGE_HEADERS,
-    )
+    handler.__name__ = route.name
+    return handler
 
 
 def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.Application:
@@ -144,12 +70,8 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     app[BAD_REQUESTS_KEY] = exporter.faults.http_listener("metrics")
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/status", status)
-    app.router.add_get("/gate", gate)
-    app.router.add_get("/routable", routable)
-    app.router.add_get("/kv_events_targets", kv_events)
-    app.router.add_get("/", index)
+    for route in READ_ROUTES:  # the same answers as the plugin's under /dp
+        app.router.add_get(route.path, read_handler(route))
     # --web-config-file: basic auth on every path but /healthz and /readyz (TLS: the site's).
     protect(app, config.web)
     app.cleanup_ctx.append(_run_exporter)

@@ -23,10 +23,12 @@ from exporter.inprocess.routes import (
     PluginHandlers,
     admin_route,
     from_starlette,
+    read_handler,
     route_table,
 )
 from exporter.inprocess.runtime import NOT_STARTED, InProcessRuntime
 from exporter.web.admin import AdminController
+from exporter.web.answers import READ_ROUTES
 from tests.unit.control.test_runtime import awake, config
 
 VLLM_SERIES = b"vllm:num_requests_running 0.0\n"
@@ -80,11 +82,20 @@ def test_the_route_table_names_every_route_and_admin_action() -> None:
     assert by_path["/dp"].options() == {"include_in_schema": False}  # the redirect is no API
     assert by_path["/dp/gate"].options()["tags"] == ["dp_exporter"]
     assert len(paths) == len(routes)  # no route registered twice
+    # The service's read routes, every one, under /dp (one table: exporter.web.answers).
+    assert {f"/dp{r.path}" for r in READ_ROUTES} <= set(by_path)
+    assert by_path["/dp/status"].handler.__name__ == "dp_status"
+
+
+def reads(runtime: InProcessRuntime) -> dict[str, Any]:
+    """Path → the plugin's handler of each read route over ``runtime``."""
+    return {r.path: read_handler(runtime, r) for r in READ_ROUTES}
 
 
 async def test_before_the_start_every_read_answers_503_with_the_problem() -> None:
-    handlers = PluginHandlers(InProcessRuntime(environ={}), lambda: VLLM_SERIES)
-    for handler in (handlers.status, handlers.page, handlers.gate, handlers.readyz):
+    runtime = InProcessRuntime(environ={})
+    handlers = PluginHandlers(runtime, lambda: VLLM_SERIES)
+    for handler in reads(runtime).values():
         response = await handler(request())
         assert response.status_code == 503
         assert body_of(response) == {"ok": False, "error": NOT_STARTED}
@@ -95,16 +106,17 @@ async def test_before_the_start_every_read_answers_503_with_the_problem() -> Non
 
 
 async def test_a_running_plugin_serves_vllms_series_then_its_own() -> None:
-    handlers = PluginHandlers(await running(), lambda: VLLM_SERIES)
+    runtime = await running()
+    handlers, read = PluginHandlers(runtime, lambda: VLLM_SERIES), reads(runtime)
     metrics = await handlers.metrics(request("/metrics"))
     assert metrics.headers["content-type"] == METRICS_CONTENT_TYPE
     assert bytes(metrics.body).startswith(VLLM_SERIES)
     assert b"# HELP vllm_dp_" in bytes(metrics.body)
-    status = await handlers.status(request())
+    status = await read["/status"](request())
     assert status.headers["cache-control"] == "no-store"
     assert [e["engine"] for e in body_of(status)["engines"]] == ["0", "1"]
     assert body_of(await handlers.healthz(request())) == {"status": "ok"}
-    assert (await handlers.readyz(request("/dp/readyz"))).status_code == 200
+    assert (await read["/readyz"](request("/dp/readyz"))).status_code == 200
     redirect = await handlers.to_page(request("/dp"))
     assert (redirect.status_code, redirect.headers["location"]) == (308, "/dp/")
 
