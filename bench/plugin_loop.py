@@ -34,7 +34,7 @@ from exporter.base import eventloop
 from exporter.base.steps import Steps, run_steps
 from exporter.inprocess.runtime import InProcessRuntime
 from exporter.metrics.exposition import text_steps
-from exporter.web.app import gate_answer, status_document_steps
+from exporter.web.answers import gate_answer, status_document_steps
 from exporter.web.statusdoc import json_steps
 
 PROBE_S = 0.005
@@ -81,7 +81,7 @@ async def surfaces(runtime: InProcessRuntime, steps: StepLog) -> dict[str, float
     document with its JSON, and of a ``/dp/gate`` fan-out, each run as vLLM's route would."""
     exporter = runtime.exporter
     assert exporter is not None
-    runtime._series = None  # a fresh render, as after every poll
+    exporter.renderer.forget()  # a fresh render, as after every poll
     found = {}
     for key, work in (
         ("series", lambda: runtime.series()),

@@ -59,6 +59,19 @@ class Renderer:
         self._version = version
         self._cache: dict[Form, tuple[Hashable, bytes]] = {}
 
+    @property
+    def entries(self) -> int:
+        """How many forms are kept (one per form ever asked for)."""
+        return len(self._cache)
+
+    def cached(self, form: Form) -> tuple[Hashable, bytes] | None:
+        """``form``'s kept body and the state version it was made from (None: none kept)."""
+        return self._cache.get(form)
+
+    def forget(self) -> None:
+        """Drop every kept body: the next ask renders afresh (as after a state change)."""
+        self._cache.clear()
+
     def steps(self, form: Form) -> Steps[bytes]:
         """``form``'s body in steps: the cached one while the state is unchanged."""
         version = self._version()

@@ -16,6 +16,7 @@ from exporter.base.steps import Steps, run_steps
 from exporter.control.runtime import Exporter
 from exporter.metrics.exposition import text_steps
 from exporter.metrics.families import Family
+from exporter.metrics.renderer import OURS
 from tests.harness.plugin_app import VLLM_MARKER, PluginApp, PluginApps
 from tests.harness.scrape import metric_value, parse_metrics
 
@@ -72,14 +73,15 @@ async def test_scrapes_between_two_polls_are_served_from_one_build(
     app = await plugin_apps(3)
     exporter = exporter_of(app)
     first = await scrape(app)
-    cached = app.runtime._series
+    cached = exporter.renderer.cached(OURS)
     assert cached is not None
     assert cached == (exporter.state_version(), first)
     builds = count_builds(exporter, monkeypatch)
     second = await scrape(app)
     assert second == first
     assert builds == []  # not built again
-    assert app.runtime._series is cached and app.runtime._series[1] is cached[1]
+    kept = exporter.renderer.cached(OURS)
+    assert kept is cached and kept[1] is cached[1]
     # vLLM's own /metrics carries the same cached text after vLLM's series.
     whole = await scrape(app, "/metrics")
     assert whole.endswith(first)
@@ -104,7 +106,7 @@ async def test_a_new_poll_is_rebuilt_once_and_shown(
     assert fresh != first
     assert polls_total(fresh) == exporter.stats.polls > polls_before
     assert exporter.poller.snapshot.poll_number == number
-    assert app.runtime._series == (exporter.state_version(), fresh)
+    assert exporter.renderer.cached(OURS) == (exporter.state_version(), fresh)
     again = await scrape(app)
     assert again == fresh and builds == [0]  # the new body is kept in turn
     assert fresh == run_steps(text_steps(exporter.collector.families()))
@@ -141,7 +143,7 @@ async def test_a_kept_body_is_not_served_once_the_plugin_stopped(
 ) -> None:
     app = await plugin_apps(2)
     await scrape(app)
-    assert app.runtime._series is not None
+    assert exporter_of(app).renderer.cached(OURS) is not None
     await app.runtime.stop()
     status, _, text = await app.get("/dp/metrics")
     assert status == 503

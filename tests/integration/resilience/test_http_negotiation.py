@@ -64,8 +64,8 @@ async def test_distinct_accept_headers_share_four_cache_entries(
                     types.add(resp.headers["Content-Type"])
                     await resp.read()
     assert types == {TEXT_TYPE, OM_TYPE}
-    cache = svc.exporter._render_cache
-    assert len(cache) <= 4, f"{len(cache)} render-cache entries: {list(cache)[:3]}"
+    entries = svc.exporter.renderer.entries
+    assert entries <= 4, f"{entries} render-cache entries"
 
 
 @pytest.mark.parametrize(
