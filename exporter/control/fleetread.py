@@ -3,7 +3,9 @@
 Both ask a set of read invariants of every engine concurrently, under one shared deadline, and
 both must skip what an engine already said it does not have (an older vLLM: asked again only
 after it handshakes again). Keeping that memory here, once, means the gate never asks an engine
-a question the poller learnt it cannot answer, and the two cannot drift apart.
+a question the poller learnt it cannot answer, and the two cannot drift apart. A read comes
+back as one ``FleetReading``: the outcomes and the engines' details as the read left them, so
+neither the poller nor the gate reads the client again to decide.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.fleetstate.invariants import READS, is_unsupported, require_type
@@ -20,6 +23,23 @@ log = logging.getLogger("exporter.poller")
 ALL_METHODS = frozenset(inv.method for inv in READS)
 #: The failure text of an engine not asked because it said it has no such method.
 KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
+
+
+@dataclass(frozen=True)
+class FleetReading:
+    """One read of the fleet: what the poller publishes and the gate decides on."""
+
+    #: Method → one type-checked outcome per engine (one known not to have it: said so).
+    outcomes: Mapping[str, list[EngineOutcome]]
+    #: The engines the read asked, in the client's order.
+    engines: tuple[str, ...]
+    #: Engine → its details once the read ended: what the fan-out learnt (HTTP mode reads the
+    #: request counts with ``has_work`` and the fault statuses with ``is_sleeping``; in-process
+    #: mode's counts are read after ``has_work`` answered, never before).
+    details: Mapping[str, EngineDetail]
+    #: The engines the client knows once the read ended (a plugin-enabled HTTP target may have
+    #: named other ranks in its answers).
+    known_after: tuple[str, ...]
 
 
 class FleetRead:
@@ -37,17 +57,14 @@ class FleetRead:
     def unsupported_everywhere(self, method: str, engines: Collection[str]) -> bool:
         return bool(engines) and set(self._unsupported.get(method, ())) >= set(engines)
 
-    async def read(
-        self,
-        methods: Collection[str],
-        timeout_s: float,
-        details: Mapping[str, EngineDetail],
-    ) -> dict[str, list[EngineOutcome]]:
-        """method → one type-checked outcome per engine of ``details``, for every method of
-        ``methods`` the attach mode supports, all calls sharing one deadline. An engine known
-        not to have a method is not asked; its outcome says so (``is_unsupported``)."""
-        self._forget_restarted(details)
+    async def read(self, methods: Collection[str], timeout_s: float) -> FleetReading:
+        """Every method of ``methods`` the attach mode supports, on every engine, all calls
+        sharing one deadline. An engine known not to have a method is not asked; its outcome
+        says so (``is_unsupported``). The details are read before (whom to ask, and whether
+        it restarted) and once after the calls: the one read after a fan-out."""
         client = self._client
+        before = {d.engine: d for d in client.engine_details()}
+        self._forget_restarted(before)
         asked = [
             inv
             for inv in READS
@@ -56,15 +73,21 @@ class FleetRead:
         calls, skipped = [], []
         for inv in asked:
             skip = self._unsupported.get(inv.method, {})
-            skipped.append([e for e in details if e in skip])
-            engines = [e for e in details if e not in skip] if skip else None
+            skipped.append([e for e in before if e in skip])
+            engines = [e for e in before if e not in skip] if skip else None
             calls.append(client.call_utility(inv.method, timeout_s=timeout_s, engines=engines))
         results: dict[str, list[EngineOutcome]] = {}
         for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
-            self._remember(inv.method, outcomes, details)
+            self._remember(inv.method, outcomes, before)
             said = [EngineOutcome(e, Outcome.FAILED, error=KNOWN_UNSUPPORTED) for e in known]
             results[inv.method] = require_type(inv, [*outcomes, *said])
-        return results
+        after = {d.engine: d for d in client.engine_details()}
+        return FleetReading(
+            results,
+            tuple(before),
+            {engine: after.get(engine, d) for engine, d in before.items()},
+            tuple(client.engine_labels),
+        )
 
     def _remember(
         self, method: str, outcomes: list[EngineOutcome], details: Mapping[str, EngineDetail]

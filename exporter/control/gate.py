@@ -335,15 +335,12 @@ class Gate:
     async def _take(self, wanted: frozenset[str]) -> Sample:
         self.fanouts += 1
         self._last_start = self._clock()
-        client = self._client
-        engines = tuple(client.engine_labels)
-        details = {d.engine: d for d in client.engine_details()}
-        results = await self._reader.read(wanted, self._timeout_s, details)
-        outcomes = {method: {o.engine: o for o in got} for method, got in results.items()}
-        # Read again after the fan-out: HTTP mode refreshes each server's fault-tolerance
-        # status with it, and reads the request counts with has_work.
-        capable = client.capabilities
-        after = client.engine_details() if capable.fault_status or capable.request_counts else []
+        reading = await self._reader.read(wanted, self._timeout_s)
+        outcomes = {method: {o.engine: o for o in got} for method, got in reading.outcomes.items()}
+        # The details as the fan-out left them: HTTP mode refreshes each server's
+        # fault-tolerance status with it, and reads the request counts with has_work.
+        capable = self._client.capabilities
+        after = reading.details.values()
         faults = requests = None
         if capable.fault_status:
             faults = {d.engine: d.fault_status for d in after if d.fault_status is not None}
@@ -351,7 +348,7 @@ class Gate:
             requests = {d.engine: d.requests for d in after if d.requests is not None}
         sample = Sample(
             outcomes,
-            engines,
+            reading.engines,
             self._wall(),
             self._clock(),
             faults,

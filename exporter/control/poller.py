@@ -154,26 +154,21 @@ class Poller:
         is not asked again (``FleetRead``, shared with the gate).
         """
         started = time.perf_counter()
-        client = self._client
         # Beside the reads, never on their path: shown once it came (this poll or the next).
-        client.observations.refresh(self.call_timeout_s)
-        details = {d.engine: d for d in client.engine_details()}
-        self._forget_gone(details.keys())
+        self._client.observations.refresh(self.call_timeout_s)
         with late_answers_allowed():  # the poll's reads, never the gate's
-            read = await self.reader.read(ALL_METHODS, self.call_timeout_s, details)
+            reading = await self.reader.read(ALL_METHODS, self.call_timeout_s)
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
-            for method, outcomes in read.items()
+            for method, outcomes in reading.outcomes.items()
         }
         duration = time.perf_counter() - started
         # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
         await asyncio.sleep(0)
-        self._forget_gone(client.engine_labels)  # the fan-out may have learnt other engines
-        # Details read again: what the fan-out learnt (HTTP mode's counts come with has_work).
-        after = {d.engine: d for d in client.engine_details()}
-        details = {engine: after.get(engine, d) for engine, d in details.items()}
-        await asyncio.sleep(0)
-        snap = await run_steps_async(self._build_steps(results, details, duration, self._wall()))
+        self._forget_gone(reading.known_after)  # the fan-out may have learnt other engines
+        snap = await run_steps_async(
+            self._build_steps(results, dict(reading.details), duration, self._wall())
+        )
         self._publish(snap, results)
         return snap
 

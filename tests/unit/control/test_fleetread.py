@@ -4,9 +4,10 @@ and its memory of what each engine said it does not have (over the in-memory ``F
 from __future__ import annotations
 
 from exporter.client.fake import answers
-from exporter.client.fleet import EngineDetail, Outcome
+from exporter.client.fleet import Outcome
 from exporter.control.fleetread import KNOWN_UNSUPPORTED, FleetRead
 from exporter.fleetstate.invariants import is_unsupported
+from exporter.protocol.pushes import FaultStatus
 from tests.harness.fakefleets import ReportingFleet, awake
 
 ENGINES = ("0", "1")
@@ -20,10 +21,6 @@ def older_vllm_on(engine: str) -> ReportingFleet:
     return ReportingFleet(answers(values), engines=ENGINES)
 
 
-def details(fleet: ReportingFleet) -> dict[str, EngineDetail]:
-    return {d.engine: d for d in fleet.engine_details()}
-
-
 def asked(fleet: ReportingFleet, method: str) -> list[str]:
     return [engine for engine, m, _ in fleet.calls if m == method]
 
@@ -31,9 +28,9 @@ def asked(fleet: ReportingFleet, method: str) -> list[str]:
 async def test_an_engine_that_said_it_lacks_a_method_is_not_asked_again() -> None:
     fleet = older_vllm_on("1")
     read = FleetRead(fleet)
-    await read.read({VERSION}, 1.0, details(fleet))
+    await read.read({VERSION}, 1.0)
     assert read.unsupported_by("1") == {VERSION} and read.unsupported_by("0") == set()
-    results = await read.read({VERSION}, 1.0, details(fleet))
+    results = (await read.read({VERSION}, 1.0)).outcomes
     assert asked(fleet, VERSION) == ["0", "1", "0"]
     by_engine = {o.engine: o for o in results[VERSION]}
     assert by_engine["0"].outcome is Outcome.OK and by_engine["0"].value == "v1"
@@ -45,10 +42,10 @@ async def test_an_engine_that_said_it_lacks_a_method_is_not_asked_again() -> Non
 async def test_an_engine_that_handshook_again_is_asked_everything_again() -> None:
     fleet = older_vllm_on("1")
     read = FleetRead(fleet)
-    await read.read({VERSION}, 1.0, details(fleet))
+    await read.read({VERSION}, 1.0)
     fleet.handler = answers(awake(ENGINES, version="v2"))  # restarted on a newer vLLM
     fleet.handshakes["1"] = 2
-    results = await read.read({VERSION}, 1.0, details(fleet))
+    results = (await read.read({VERSION}, 1.0)).outcomes
     assert asked(fleet, VERSION) == ["0", "1", "0", "1"]
     assert [o.value for o in results[VERSION]] == ["v2", "v2"]
     assert read.unsupported_by("1") == set()
@@ -57,10 +54,10 @@ async def test_an_engine_that_handshook_again_is_asked_everything_again() -> Non
 async def test_an_engine_that_left_is_forgotten() -> None:
     fleet = older_vllm_on("1")
     read = FleetRead(fleet)
-    await read.read({VERSION}, 1.0, details(fleet))
+    await read.read({VERSION}, 1.0)
     assert read.unsupported_everywhere(VERSION, ["1"])
-    only_0 = {"0": details(fleet)["0"]}
-    await read.read({VERSION}, 1.0, only_0)
+    fleet.engines = ("0",)  # rank 1 left the fleet
+    await read.read({VERSION}, 1.0)
     assert read.unsupported_by("1") == set()
     assert not read.unsupported_everywhere(VERSION, ["1"])
 
@@ -68,7 +65,7 @@ async def test_an_engine_that_left_is_forgotten() -> None:
 async def test_unsupported_everywhere_needs_every_engine_and_at_least_one() -> None:
     fleet = older_vllm_on("1")
     read = FleetRead(fleet)
-    await read.read({VERSION, "is_sleeping"}, 1.0, details(fleet))
+    await read.read({VERSION, "is_sleeping"}, 1.0)
     assert read.unsupported_everywhere(VERSION, ["1"])
     assert not read.unsupported_everywhere(VERSION, ["0", "1"])
     assert not read.unsupported_everywhere(VERSION, [])
@@ -79,7 +76,7 @@ async def test_only_the_methods_asked_that_the_mode_supports_are_read() -> None:
     fleet = older_vllm_on("1")
     fleet.unsupported = frozenset({"is_scheduler_paused"})
     read = FleetRead(fleet)
-    results = await read.read({"is_sleeping", "is_scheduler_paused"}, 1.0, details(fleet))
+    results = (await read.read({"is_sleeping", "is_scheduler_paused"}, 1.0)).outcomes
     assert set(results) == {"is_sleeping"}
     assert {m for _, m, _ in fleet.calls} == {"is_sleeping"}
 
@@ -87,7 +84,27 @@ async def test_only_the_methods_asked_that_the_mode_supports_are_read() -> None:
 async def test_answers_of_the_wrong_type_are_failed_reads() -> None:
     values = awake(ENGINES, changed={"1": {"is_sleeping": "yes"}})
     fleet = ReportingFleet(answers(values), engines=ENGINES)
-    results = await FleetRead(fleet).read({"is_sleeping"}, 1.0, details(fleet))
+    results = (await FleetRead(fleet).read({"is_sleeping"}, 1.0)).outcomes
     ok, odd = results["is_sleeping"]
     assert ok.outcome is Outcome.OK and ok.value is False
     assert odd.outcome is Outcome.FAILED and odd.error == "expected a boolean, got 'yes'"
+
+
+async def test_a_reading_carries_the_details_the_fan_out_left() -> None:
+    """What the fan-out learnt (here: a fault status pushed while the calls were out) is in
+    the reading, read once after the calls, for the engines the read asked."""
+    fleet = older_vllm_on("1")
+    pushed = dict(fleet.fault_status)
+    handler = fleet.handler
+
+    def answering(engine: str, method: str, args: tuple[object, ...]) -> object:
+        if engine == "1":
+            fleet.fault_status["1"] = FaultStatus("unhealthy", "nccl timeout", 1.0)
+        return handler(engine, method, args)
+
+    fleet.handler = answering
+    reading = await FleetRead(fleet).read({"is_sleeping"}, 1.0)
+    assert pushed == {} and reading.engines == ENGINES
+    assert reading.details["1"].fault_status == FaultStatus("unhealthy", "nccl timeout", 1.0)
+    assert reading.details["0"].fault_status is None
+    assert reading.known_after == ENGINES
