@@ -8,33 +8,51 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from exporter.client.fleet import FleetClient
+from exporter.config.settings import ServeConfig
 from exporter.control.actions import ACTIONS, ActionRun, ActionSpec
 from exporter.control.parsing import ActionRequest
 from exporter.control.resets import confirmed_resets
-from exporter.control.runtime import Exporter
+from exporter.metrics.stats import Stats
 
 log = logging.getLogger("exporter.admin")
 
 
-class ActionRunner:
-    """Runs parsed admin requests on ``exporter``'s fleet."""
+@dataclass(frozen=True)
+class ActionParts:
+    """What an action takes of the running exporter, and nothing more: the fleet (counted),
+    the counters, the settings, and the two ways to ask for fresher state afterwards."""
 
-    def __init__(self, exporter: Exporter) -> None:
-        self.exporter = exporter
+    fleet: FleetClient
+    stats: Stats
+    config: ServeConfig
+    #: Drops the gate's shared sample (the next gate asks the engines after the action).
+    invalidate_gate: Callable[[], None]
+    #: Cuts the poller's wait short (the next poll publishes the action's effect).
+    poll_soon: Callable[[], None]
+
+
+class ActionRunner:
+    """Runs parsed admin requests on the fleet of ``parts``."""
+
+    def __init__(self, parts: ActionParts) -> None:
+        self.parts = parts
 
     async def run(self, request: ActionRequest) -> ActionRun:
         spec = ACTIONS[request.action]
-        exporter = self.exporter
+        parts = self.parts
         result = await spec.fanout(
-            exporter.fleet, request, timeout_s=spec.timeout(exporter.config), shape=spec.answer
+            parts.fleet, request, timeout_s=spec.timeout(parts.config), shape=spec.answer
         )
         self._record(spec, result)
         self._record_resets(request, result)
-        exporter.stats.record_last_action(request.action, result.status, result.body)
+        parts.stats.record_last_action(request.action, result.status, result.body)
         # The state may have changed: the gate's shared sample and the last poll are older.
-        exporter.gate.invalidate()
-        exporter.poller.poll_soon()
+        parts.invalidate_gate()
+        parts.poll_soon()
         return result
 
     def _record_resets(self, request: ActionRequest, result: ActionRun) -> None:
@@ -42,13 +60,13 @@ class ActionRunner:
         stamped now: after the engine's answer, so never before the reset itself."""
         if result.verdict is None:
             return
-        versions = {d.engine: d.vllm_version for d in self.exporter.fleet.engine_details()}
+        versions = {d.engine: d.vllm_version for d in self.parts.fleet.engine_details()}
         engines = confirmed_resets(request, result.verdict, versions)
         if engines:
-            self.exporter.stats.record_confirmed_resets(engines, request.action, time.time())
+            self.parts.stats.record_confirmed_resets(engines, request.action, time.time())
 
     def _record(self, spec: ActionSpec, result: ActionRun) -> None:
-        stats = self.exporter.stats
+        stats = self.parts.stats
         verdict = result.verdict
         if verdict is None:  # no engine connected
             if spec.counts_as_reset:

@@ -25,6 +25,7 @@ from exporter.control.attach import build_fleet
 from exporter.control.counted import CountedFleet
 from exporter.control.gate import Gate
 from exporter.control.poller import Poller
+from exporter.control.runner import ActionParts
 from exporter.metrics.families import ExporterCollector, build_registry, self_collectors
 from exporter.metrics.negotiation import metrics_format
 from exporter.metrics.renderer import Form, Renderer
@@ -157,6 +158,13 @@ class Exporter:
         with gc_paused():
             body = run_steps(self.renderer.steps(form))
         return body, form.content_type
+
+    def action_parts(self) -> ActionParts:
+        """What the admin actions take of this exporter (``ActionRunner``, the admin
+        controller): never the whole of it."""
+        return ActionParts(
+            self.fleet, self.stats, self.config, self.gate.invalidate, self.poller.poll_soon
+        )
 
     def _on_fleet_change(self) -> None:
         """An engine came up or went down: poll now, so the change is published at once."""

@@ -72,7 +72,9 @@ class InProcessRuntime:
         exporter = Exporter(config, vllm=core_of(engine_client))
         self.server = api_server(engine_client, args)
         await exporter.start()
-        admin = AdminController(exporter, audit=audit_with_peer)  # the peer, not a header's
+        admin = AdminController(
+            exporter.action_parts(), audit=audit_with_peer
+        )  # the peer, not a header's
         self.exporter, self.admin, self.problem = exporter, admin, None
         directory = multiprocess_dir()
         if self.server.count > 1 and directory is not None:

@@ -33,7 +33,7 @@ from aiohttp import web
 from exporter.base.logs import log_audit
 from exporter.control.actions import ACTIONS, ActionSpec
 from exporter.control.parsing import ActionRequest, BadActionRequest
-from exporter.control.runner import ActionRunner
+from exporter.control.runner import ActionParts, ActionRunner
 from exporter.control.runtime import Exporter
 from exporter.web.admin_guard import (
     AuthThrottle,
@@ -121,24 +121,24 @@ class AdminController:
 
     def __init__(
         self,
-        exporter: Exporter,
+        parts: ActionParts,
         *,
         audit: Callable[[dict[str, Any]], None] = log_audit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.exporter = exporter
+        self.parts = parts
         self._audit = audit
         self._clock = clock
-        self.runner = ActionRunner(exporter)
+        self.runner = ActionRunner(parts)
         self._inflight: asyncio.Task[tuple[int, dict[str, Any]]] | None = None
         self._inflight_action = ""
         #: action → when it last started (actions with a minimum interval only).
         self._last_started: dict[str, float] = {}
         self.idempotency = IdempotencyStore(clock=clock)
         self.auth_throttle = AuthThrottle(clock=clock)
-        token = exporter.config.admin_token
+        token = parts.config.admin_token
         self._token = token.encode() if token is not None else None
-        web = exporter.config.web
+        web = parts.config.web
         self._basic = (
             BasicAuthChecker(web.users, throttle=self.auth_throttle)
             if token is None and web is not None and web.users
@@ -242,7 +242,7 @@ class AdminController:
             pending.audit["outcome"] = "internal_error"
             status, body, headers = 500, {"error": "internal error"}, {}
         pending.audit.update(status=status, duration_s=round(time.perf_counter() - started, 6))
-        self.exporter.stats.record_admin_request(spec.name, status)
+        self.parts.stats.record_admin_request(spec.name, status)
         self._audit(pending.audit)
         return status, body, headers
 
@@ -278,10 +278,10 @@ class AdminController:
         return None
 
     async def _relay_policy(self, pending: Pending) -> Answer | None:
-        config = self.exporter.config
+        config = self.parts.config
         if (
             pending.spec.state_changing
-            and self.exporter.client.capabilities.beside_a_front_end
+            and self.parts.fleet.capabilities.beside_a_front_end
             and not config.relay_allow_state_changes
         ):
             pending.audit["outcome"] = "refused_in_relay_mode"
@@ -322,7 +322,7 @@ class AdminController:
         limit = pending.spec.rate_limit
         if limit is None:
             return None
-        interval = limit.interval(self.exporter.config)
+        interval = limit.interval(self.parts.config)
         wait = retry_after(self._last_started.get(pending.spec.name), interval, self._clock())
         if wait <= 0:
             return None
@@ -379,7 +379,7 @@ def create_admin_app(
     """The admin application (served on ``--admin-listen``)."""
     app = web.Application(client_max_size=MAX_ADMIN_BODY)
     protect(app, exporter.config.web, basic_auth=False)  # headers; auth is the controller's
-    controller = AdminController(exporter, audit=audit)
+    controller = AdminController(exporter.action_parts(), audit=audit)
     app[ADMIN_KEY] = controller
     app[BAD_REQUESTS_KEY] = exporter.faults.http_listener("admin")
     for spec in ACTIONS.values():

@@ -127,7 +127,7 @@ async def run_reset(admin: AdminController) -> tuple[int, dict[str, Any]]:
 async def test_admin_reset_is_an_and_with_reasons_and_the_scrape_is_never_stale() -> None:
     timeout = EngineOutcome("2", Outcome.TIMEOUT, error="no reply within 1s")
     exporter = make_exporter(reset_fleet({"0": True, "1": False, "2": timeout}))
-    admin = AdminController(exporter, audit=lambda record: None)
+    admin = AdminController(exporter.action_parts(), audit=lambda record: None)
     before = scrape(exporter)
     status, body = await run_reset(admin)
     assert status == 502 and body["outcome"] == "partial_failure"
@@ -151,7 +151,7 @@ async def test_admin_reset_with_no_engine_connected_is_503() -> None:
     fleet = reset_fleet({"0": True, "1": True})
     fleet.disconnected = {"0", "1"}
     exporter = make_exporter(fleet)
-    admin = AdminController(exporter, audit=lambda record: None)
+    admin = AdminController(exporter.action_parts(), audit=lambda record: None)
     status, body = await run_reset(admin)
     assert status == 503 and body["error"] == "no engine is connected"
     assert fleet.calls == []

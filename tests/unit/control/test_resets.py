@@ -112,7 +112,7 @@ async def test_series_and_status_after_resets_in_every_position(
     refused: str, timed_out: str
 ) -> None:
     exporter = make_exporter(FakeFleet(reset_answers(refused, timed_out), engines=("0", "1", "2")))
-    runner = ActionRunner(exporter)
+    runner = ActionRunner(exporter.action_parts())
     (confirmed,) = {"0", "1", "2"} - {refused, timed_out}
     m = scrape(exporter)
     assert {
@@ -155,9 +155,9 @@ async def test_series_and_status_after_resets_in_every_position(
 async def test_a_newer_vllms_pause_is_not_assumed_to_reset() -> None:
     fleet = FakeFleet(reset_answers("-", "-"), engines=("0", "1"), vllm_version="0.34.0")
     exporter = make_exporter(fleet)
-    await ActionRunner(exporter).run(parse_pause({}, b""))
+    await ActionRunner(exporter.action_parts()).run(parse_pause({}, b""))
     assert exporter.stats.last_resets == {}
-    await ActionRunner(exporter).run(parse_reset({}, b""))
+    await ActionRunner(exporter.action_parts()).run(parse_reset({}, b""))
     assert set(exporter.stats.last_resets) == {"0", "1"}
 
 

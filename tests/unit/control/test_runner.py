@@ -52,7 +52,7 @@ def refusing(*refusers: str) -> Any:
 
 async def test_a_successful_reset_is_counted_confirmed_and_shown() -> None:
     exporter = exporter_over(FakeFleet(refusing(), engines=("0", "1")))
-    result = await ActionRunner(exporter).run(parse_reset({}, b""))
+    result = await ActionRunner(exporter.action_parts()).run(parse_reset({}, b""))
     stats = exporter.stats
     assert result.status == 200
     assert nonzero(stats.resets) == {"success": 1}
@@ -72,7 +72,7 @@ async def test_a_partial_failure_names_the_engine_and_warns(
 ) -> None:
     exporter = exporter_over(FakeFleet(refusing("1"), engines=("0", "1")))
     with caplog.at_level(logging.WARNING, logger="exporter.admin"):
-        await ActionRunner(exporter).run(parse_reset({}, b""))
+        await ActionRunner(exporter.action_parts()).run(parse_reset({}, b""))
     stats = exporter.stats
     assert nonzero(stats.resets) == {"partial_failure": 1}
     assert nonzero(stats.reset_engine_failures) == {("1", "refused"): 1}
@@ -87,7 +87,7 @@ async def test_an_action_that_is_no_reset_leaves_the_reset_series_alone(
 ) -> None:
     exporter = exporter_over(FakeFleet(refusing("1"), engines=("0", "1")))
     with caplog.at_level(logging.WARNING, logger="exporter.admin"):
-        await ActionRunner(exporter).run(parse_resume({}, b""))
+        await ActionRunner(exporter.action_parts()).run(parse_resume({}, b""))
     stats = exporter.stats
     assert not nonzero(stats.resets) and not nonzero(stats.confirmed_resets)
     assert nonzero(stats.admin_actions) == {("resume", "partial_failure"): 1}
@@ -97,7 +97,7 @@ async def test_an_action_that_is_no_reset_leaves_the_reset_series_alone(
 async def test_no_engine_connected_is_a_failure_with_no_verdict() -> None:
     fleet = FakeFleet(refusing(), engines=("0", "1"), disconnected={"0", "1"})
     exporter = exporter_over(fleet)
-    result = await ActionRunner(exporter).run(parse_reset({}, b""))
+    result = await ActionRunner(exporter.action_parts()).run(parse_reset({}, b""))
     assert result.status == 503 and result.verdict is None
     assert nonzero(exporter.stats.resets) == {"failure": 1}
     assert nonzero(exporter.stats.admin_actions) == {("reset_prefix_cache", "failure"): 1}
@@ -113,7 +113,7 @@ async def test_after_an_action_the_gate_samples_afresh_and_a_poll_is_asked_for(
     monkeypatch.setattr(exporter.poller, "poll_soon", lambda: asked.append("poll"))
     first = await exporter.gate.sample()
     assert await exporter.gate.sample() is first  # shared within the gate's interval
-    await ActionRunner(exporter).run(parse_resume({}, b""))
+    await ActionRunner(exporter.action_parts()).run(parse_resume({}, b""))
     assert asked == ["poll"]
     assert await exporter.gate.sample() is not first  # never a sample from before the action
     assert exporter.gate.fanouts == 2

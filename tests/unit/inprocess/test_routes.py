@@ -69,7 +69,11 @@ async def running() -> InProcessRuntime:
     runtime = InProcessRuntime(environ={})
     exporter = Exporter(config(), client=FakeFleet(awake))
     await exporter.poller.poll_once()
-    runtime.exporter, runtime.admin, runtime.problem = exporter, AdminController(exporter), None
+    runtime.exporter, runtime.admin, runtime.problem = (
+        exporter,
+        AdminController(exporter.action_parts()),
+        None,
+    )
     return runtime
 
 

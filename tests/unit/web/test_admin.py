@@ -61,7 +61,7 @@ class Admin:
         self.now = 100.0
         self.records: list[dict[str, Any]] = []
         self.controller = AdminController(
-            exporter, audit=self.records.append, clock=lambda: self.now
+            exporter.action_parts(), audit=self.records.append, clock=lambda: self.now
         )
 
     async def post(
@@ -182,7 +182,7 @@ async def test_the_reset_runs_through_the_shared_runner() -> None:
     lacking = EngineOutcome("1", Outcome.FAILED, error=NO_ATTR.format(m="reset_prefix_cache"))
     fleet = fleet_of({"0": True, "1": lacking})
     exporter = make_exporter(fleet)
-    admin = AdminController(exporter, audit=lambda record: None)
+    admin = AdminController(exporter.action_parts(), audit=lambda record: None)
     result = await admin.runner.run(parse_reset({}, b""))
     assert result.status == 502 and list(result.body) == RESET_KEYS
     assert result.body["engines"][1]["reason"] == "unsupported"
@@ -203,7 +203,7 @@ async def test_an_action_with_no_engine_connected_counts_one_failure() -> None:
     fleet = fleet_of({"0": True, "1": True})
     fleet.disconnected = {"0", "1"}
     exporter = make_exporter(fleet)
-    admin = AdminController(exporter, audit=lambda record: None)
+    admin = AdminController(exporter.action_parts(), audit=lambda record: None)
     result = await admin.runner.run(parse_reset({}, b""))
     assert result.status == 503 and result.verdict is None
     assert result.body["error"] == "no engine is connected" and "flags" in result.body
