@@ -49,7 +49,13 @@ from e2e.inprocess import (
     write_token,
 )
 from e2e.procs import ProcessGroup, first_exited
-from e2e.traffic import LongGeneration, complete, paused_keeping_requests, start_long_generations
+from e2e.traffic import (
+    LongGeneration,
+    complete,
+    front_end_generated,
+    paused_keeping_requests,
+    start_long_generations,
+)
 from e2e.vllm_features import ENDPOINT_PLUGIN_OVERRIDES, ENDPOINT_PLUGINS
 from e2e.vllm_runtime import VllmRuntime, engine_core_pids
 
@@ -474,6 +480,47 @@ class TestPluginInVllmServe:
             f"; gate 200 {seen.drained_after_s:.2f}s after the stream ended; "
             f"timeline: {log.timeline()}"
         )
+
+    def test_scenario13a_progress_from_vllms_stat_loggers_grows_on_the_generating_rank(
+        self, served: PluginServer
+    ) -> None:
+        """vLLM loads the package's stat-logger plugin beside the endpoint plugin: after a
+        completion, the rank whose own ``vllm:generation_tokens_total`` grew shows that many
+        more computed tokens in ``/dp/status`` (prompt plus generated, source ``stat_logger``)
+        and on ``vllm_dp_engine_progress_tokens_total``, the other rank none; no rank is
+        stalled. Two API servers here: each counts its own requests' tokens, ``/dp/status`` is
+        the answering one's, the series sum both (the share, about a second behind)."""
+        endpoint, url = served.endpoint, served.api_url
+
+        def tokens() -> dict[str, int]:
+            doc = endpoint.status()
+            found = {str(e["engine"]): e["progress"] for e in doc["engines"]}
+            assert all(p is not None and p["source"] == "stat_logger" for p in found.values()), (
+                found
+            )
+            assert all(e["state"] != "stalled" for e in doc["engines"]), doc["engines"]
+            return {e: int(p["tokens"]) for e, p in found.items()}
+
+        before, generated = tokens(), front_end_generated(url)
+        assert complete(url, PROMPT, 32)["usage"]["completion_tokens"] == 32
+        grew = {e: n - generated.get(e, 0.0) for e, n in front_end_generated(url).items()}
+        busy = [e for e, n in grew.items() if n >= 32]
+        assert len(busy) == 1, grew  # one rank generated it
+
+        def moved() -> dict[str, int] | None:
+            now = tokens()
+            return now if now[busy[0]] >= before[busy[0]] + 32 else None
+
+        after = web.wait_for(moved, 20, "the generating rank's progress")
+        idle = [e for e in after if e != busy[0]]
+        assert all(after[e] == before[e] for e in idle), (before, after)
+
+        def summed() -> float | None:  # every API server's count (the share, ~1 s behind)
+            value = endpoint.scrape().value("vllm_dp_engine_progress_tokens_total", engine=busy[0])
+            return value if value is not None and value >= before[busy[0]] + 32 else None
+
+        web.wait_for(summed, 20, "the generating rank's vllm_dp_engine_progress_tokens_total")
+        print(f"scenario 13a (in-process): rank {busy[0]} {before} -> {after}, vLLM's {grew}")
 
     @pytest.mark.vllm_needs("has_work", "pause_scheduler", "resume_scheduler")
     def test_scenario12b_pause_wait_answers_once_the_generation_finished(

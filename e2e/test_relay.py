@@ -32,6 +32,7 @@ from e2e.traffic import (
     LongGeneration,
     complete,
     completions_while_resetting,
+    front_end_generated,
     paused_keeping_requests,
     start_long_generations,
 )
@@ -394,19 +395,6 @@ def test_scenario11_a_stopped_engine_is_hung_not_down_then_routable_again(
         routable_again, 60, "rank 1 routable again", abort=lambda: first_exited(relay.engines)
     )
     assert exporter.status()["engines"][1]["handshakes"] == handshakes  # no new handshake
-
-
-def front_end_generated(api: str) -> dict[str, float]:
-    """Engine → the front end's own ``vllm:generation_tokens_total`` (one API server, so its
-    per-engine series have samples). A counter, so the rank vLLM's load balancer gave a
-    generation is the one whose count grows; its ``vllm:num_requests_running`` gauge can
-    still hold an earlier request's 1 (refreshed only while that engine steps)."""
-    scrape = web.Scrape(web.get(f"{api}/metrics").body.decode())
-    return {
-        str(s.labels["engine"]): float(s.value)
-        for s in scrape.find("vllm:generation_tokens_total")
-        if "engine" in s.labels
-    }
 
 
 @pytest.mark.vllm_needs("has_work")

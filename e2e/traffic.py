@@ -220,3 +220,16 @@ def paused_keeping_requests(
         web.wait_for(
             lambda: all(v is False for v in paused_states(status())), 30, "every engine resumed"
         )
+
+
+def front_end_generated(api: str) -> dict[str, float]:
+    """Engine → the front end's own ``vllm:generation_tokens_total`` (one API server, so its
+    per-engine series have samples). A counter, so the rank vLLM's load balancer gave a
+    generation is the one whose count grows; its ``vllm:num_requests_running`` gauge can
+    still hold an earlier request's 1 (refreshed only while that engine steps)."""
+    scrape = web.Scrape(web.get(f"{api}/metrics").body.decode())
+    return {
+        str(s.labels["engine"]): float(s.value)
+        for s in scrape.find("vllm:generation_tokens_total")
+        if "engine" in s.labels
+    }

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.protocol.elastic_ep import ElasticEpRead
+from exporter.protocol.progress import RankProgress
 
 #: Engines outside the expected set that tried to join: engine = the identity (hex), value an
 #: ``UnexpectedEngine`` (owner and relay mode's handshake).
@@ -28,6 +29,10 @@ ELASTIC_EP_OPERATION = "elastic_ep_operation"
 #: The client's own counters: engine None, value a ``ClientCounter`` (relayed handshakes,
 #: state-file writes).
 CLIENT_COUNT = "client_count"
+#: Each rank's forward progress: engine = the label, value a ``RankProgress`` (in-process mode:
+#: vLLM's stat loggers; HTTP mode: vLLM's per-engine token counters). Owner and relay mode
+#: have no source: no request flows through them.
+PROGRESS = "progress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +133,12 @@ def elastic_ep_reads(board: Observations) -> tuple[ElasticEpRead, ...] | None:
 def unexpected_engines(board: Observations) -> dict[str, UnexpectedEngine]:
     """Engines outside the expected set that tried to join, by identity (newest last)."""
     return {o.engine or "": o.value for o in board.of(UNEXPECTED_ENGINE) or ()}
+
+
+def progress_of(board: Observations) -> dict[str, RankProgress] | None:
+    """Each rank's forward progress by engine label (a rank absent: unknown); None where the
+    mode has no source of it (owner, relay)."""
+    found = board.of(PROGRESS)
+    if found is None:
+        return None
+    return {o.engine: o.value for o in found if o.engine is not None}

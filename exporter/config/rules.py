@@ -227,6 +227,7 @@ BOUNDS: dict[str, Bound] = {
     "verify_weights_timeout": Bound(0, HOUR, low_open=True),
     "gate_min_interval": Bound(0, 60),
     "hung_after": Bound(0, DAY),
+    "stall_after": Bound(0, DAY),
 }
 
 

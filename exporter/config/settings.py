@@ -96,6 +96,8 @@ class ServeConfig:
     gate_min_interval: float = 0.2
     #: Seconds without any answer, connection alive, before a rank is hung (0: automatic).
     hung_after: float = 0.0
+    #: Seconds a rank holding requests may compute no token before it is stalled (0: never).
+    stall_after: float = 120.0
     relay_allow_state_changes: bool = False
     web_config_file: str | None = None
     log_level: str = DEFAULT_LEVEL
@@ -179,6 +181,12 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         float,
         "a connected rank that answered nothing for this long is hung (seconds; 0: three poll "
         "intervals, at least the call timeout)",
+    ),
+    (
+        "stall_after",
+        float,
+        "a rank that holds requests, answers and says it has work, but computed no token for "
+        "this long is stalled (seconds; above the longest prefill a rank runs; 0: never)",
     ),
     (
         "relay_allow_state_changes",

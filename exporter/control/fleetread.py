@@ -16,7 +16,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
+from exporter.client.observe import progress_of
 from exporter.fleetstate.invariants import READS, is_unsupported, require_type
+from exporter.protocol.progress import RankProgress
 
 log = logging.getLogger("exporter.poller")
 #: Every read method: what each poll asks, and a gate without conditions.
@@ -40,6 +42,9 @@ class FleetReading:
     #: The engines the client knows once the read ended (a plugin-enabled HTTP target may have
     #: named other ranks in its answers).
     known_after: tuple[str, ...]
+    #: Engine → its forward progress once the read ended (absent: unknown); None where the
+    #: mode has no source of it.
+    progress: Mapping[str, RankProgress] | None = None
 
 
 class FleetRead:
@@ -87,6 +92,7 @@ class FleetRead:
             tuple(before),
             {engine: after.get(engine, d) for engine, d in before.items()},
             tuple(client.engine_labels),
+            progress_of(client.observations),
         )
 
     def _remember(

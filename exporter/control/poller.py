@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from exporter.base.steps import Steps, every, run_steps_async
 from exporter.client.fleet import (
@@ -22,13 +22,14 @@ from exporter.client.fleet import (
     late_answers_allowed,
 )
 from exporter.client.observe import elastic_ep_reads
-from exporter.control.fleetread import ALL_METHODS, FleetRead
-from exporter.fleetstate.activity import hung_after_s
+from exporter.control.fleetread import ALL_METHODS, FleetRead, FleetReading
+from exporter.fleetstate.activity import hung_after_s, is_stalled
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
 from exporter.metrics.stats import Stats
+from exporter.protocol.progress import RankProgress
 
 log = logging.getLogger("exporter.poller")
 #: The reads with a fleet verdict (strict consensus); ``has_work`` is per rank only.
@@ -58,6 +59,7 @@ class Poller:
         log_interval_s: float = INCONSISTENCY_LOG_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         hung_after: float = 0.0,
+        stall_after: float = 0.0,
     ) -> None:
         self._client = client
         self._stats = stats
@@ -73,6 +75,8 @@ class Poller:
         self._last_success: dict[str, float] = {}
         #: ``--hung-after`` in effect (0: three poll intervals, at least the call timeout).
         self.hung_after_s = hung_after_s(hung_after, interval_s, call_timeout_s)
+        #: ``--stall-after`` (0: a rank is never stalled).
+        self.stall_after_s = stall_after
         #: Engine → when it last answered any call while connected (or was first seen so).
         self._last_answer: dict[str, float] = {}
         #: The engines of the last poll (``_forget_gone``).
@@ -166,9 +170,7 @@ class Poller:
         # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
         await asyncio.sleep(0)
         self._forget_gone(reading.known_after)  # the fan-out may have learnt other engines
-        snap = await run_steps_async(
-            self._build_steps(results, dict(reading.details), duration, self._wall())
-        )
+        snap = await run_steps_async(self._build_steps(results, reading, duration, self._wall()))
         self._publish(snap, results)
         return snap
 
@@ -209,11 +211,12 @@ class Poller:
     def _build_steps(
         self,
         results: dict[str, list[EngineOutcome]],
-        details: dict[str, EngineDetail],
+        reading: FleetReading,
         duration: float,
         now: float,
     ) -> Steps[FleetSnapshot]:
         """The poll's snapshot, in steps of ``ENGINES_PER_STEP`` engines."""
+        details, progress = reading.details, reading.progress or {}
         by_engine: dict[str, dict[str, EngineOutcome]] = {engine: {} for engine in details}
         for method, outcomes in results.items():
             for o in outcomes:
@@ -223,36 +226,10 @@ class Poller:
         for position, (engine, detail) in enumerate(details.items(), 1):
             if every(position):
                 yield
-            answers = by_engine[engine]
-            sleeping = answers.get(SLEEPING.method)
-            if sleeping is not None and sleeping.ok:
-                self._last_success[engine] = now
-            unsupported = self.reader.unsupported_by(engine)
-            last_success = self._last_success.get(engine)
-            silent = self._unresponsive(engine, detail, answers, now)
             engines.append(
-                EngineSnapshot(
-                    engine,
-                    detail,
-                    answers,
-                    last_success,
-                    unsupported,
-                    unresponsive_s=silent,
-                    hung=silent >= self.hung_after_s,
-                )
+                self._engine_snapshot(engine, detail, by_engine[engine], progress.get(engine), now)
             )
-        verdicts = {}
-        for method, outcomes in results.items():
-            if method not in CONSENSUS_METHODS:  # ranks differ in their work by design
-                continue
-            everywhere = self.reader.unsupported_everywhere(method, details)
-            # Unsupported by every engine: unknown, without the "no results" error that an
-            # empty fleet gets.
-            verdicts[method] = (
-                ConsensusVerdict(method, FleetState.UNKNOWN)
-                if everywhere and not outcomes
-                else aggregate_consensus(method, outcomes)
-            )
+        verdicts = self._verdicts(results, details)
         previous = self._snapshot.poll_number if self._snapshot else 0
         return FleetSnapshot(
             taken_at_unix=now,
@@ -265,7 +242,54 @@ class Poller:
             fault_tolerance_known=self._client.capabilities.fault_status,
             request_counts_known=self._client.capabilities.request_counts,
             elastic_ep=elastic_ep_reads(self._client.observations),
+            progress_known=reading.progress is not None,
         )
+
+    def _engine_snapshot(
+        self,
+        engine: str,
+        detail: EngineDetail,
+        answers: dict[str, EngineOutcome],
+        made: RankProgress | None,
+        now: float,
+    ) -> EngineSnapshot:
+        """One engine of this poll: its answers, how long it has been silent, its progress."""
+        sleeping = answers.get(SLEEPING.method)
+        if sleeping is not None and sleeping.ok:
+            self._last_success[engine] = now
+        silent = self._unresponsive(engine, detail, answers, now)
+        snapshot = EngineSnapshot(
+            engine,
+            detail,
+            answers,
+            self._last_success.get(engine),
+            self.reader.unsupported_by(engine),
+            unresponsive_s=silent,
+            hung=silent >= self.hung_after_s,
+            progress=made,
+            progress_age_s=None if made is None else made.age_s(now),
+        )
+        if is_stalled(snapshot, made, now, self.stall_after_s):
+            return dataclasses.replace(snapshot, stalled=True)
+        return snapshot
+
+    def _verdicts(
+        self, results: dict[str, list[EngineOutcome]], details: Mapping[str, EngineDetail]
+    ) -> dict[str, ConsensusVerdict]:
+        """The fleet's verdict of each consensus method this poll read."""
+        verdicts = {}
+        for method, outcomes in results.items():
+            if method not in CONSENSUS_METHODS:  # ranks differ in their work by design
+                continue
+            everywhere = self.reader.unsupported_everywhere(method, details)
+            # Unsupported by every engine: unknown, without the "no results" error that an
+            # empty fleet gets.
+            verdicts[method] = (
+                ConsensusVerdict(method, FleetState.UNKNOWN)
+                if everywhere and not outcomes
+                else aggregate_consensus(method, outcomes)
+            )
+        return verdicts
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:
         stats = self._stats  # the calls themselves are counted by the client (CountedFleet)

@@ -98,6 +98,7 @@ class Exporter:
             call_timeout_s=config.call_timeout,
             jitter=config.poll_jitter,
             hung_after=config.hung_after,
+            stall_after=config.stall_after,
         )
         self._build_registries()
         self.gate = Gate(

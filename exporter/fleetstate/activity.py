@@ -4,7 +4,13 @@ router should send it traffic.
 A rank whose connection is alive but that has answered no utility call for ``hung_after``
 seconds is **hung** (a wedged collective, a stuck kernel: vLLM's ``/health`` stays 200); one
 late answer is only a timeout. A rank is **routable** when it answered the last poll, is not
-hung, is awake and not paused, and no fault-tolerance status says otherwise.
+hung or stalled, is awake and not paused, and no fault-tolerance status says otherwise.
+
+A rank that answers every call but computes nothing is **stalled**: it holds requests, says it
+has work (``has_work`` true: the engine's own answer this poll, never a stale record), is awake
+and not paused, and its computed tokens (``RankProgress``) have not grown for ``--stall-after``
+seconds. Only a source that counts the rank's tokens as it steps can tell (in-process mode:
+vLLM's stat loggers); where none does, a rank is never stalled.
 """
 
 from __future__ import annotations
@@ -13,6 +19,13 @@ from dataclasses import dataclass
 
 from exporter.client.fleet import Outcome
 from exporter.fleetstate.snapshot import EngineSnapshot
+from exporter.protocol.progress import RankProgress
+
+#: The progress sources that count a rank's tokens as it steps (``RankProgress.source``). HTTP
+#: mode's ``/metrics`` counters are not one for this: the request gauges beside them are
+#: refreshed only while the engine steps, so a rank that stopped stepping can show requests it
+#: no longer holds.
+STALL_SOURCES = frozenset({"stat_logger"})
 
 #: The automatic ``--hung-after`` (0): this many poll intervals without an answer.
 HUNG_AFTER_POLLS = 3
@@ -34,6 +47,21 @@ class Routability:
     reasons: tuple[str, ...] = ()
 
 
+def is_stalled(
+    engine: EngineSnapshot, progress: RankProgress | None, now_unix: float, stall_after_s: float
+) -> bool:
+    """Whether ``engine`` (this poll's answers) is stalled by ``progress`` (pure)."""
+    if stall_after_s <= 0 or progress is None or progress.source not in STALL_SOURCES:
+        return False
+    # The requests whose tokens the source counts (several API servers: each counts its own).
+    held = progress.held
+    if held is None or held == 0 or engine.has_work is not True:
+        return False
+    if engine.state != "awake":  # hung, unknown, paused or asleep: that state wins
+        return False
+    return progress.age_s(now_unix) >= stall_after_s
+
+
 def routability(engine: EngineSnapshot) -> Routability:
     """Whether ``engine`` should take traffic now, from the last poll (pure)."""
     reasons: list[str] = []
@@ -50,6 +78,9 @@ def routability(engine: EngineSnapshot) -> Routability:
         reasons.append(f"no answer in the last poll ({why})")
     elif engine.state in ("paused", "asleep"):  # as the state reads (paused wins, as vLLM's)
         reasons.append(engine.state)
+    elif engine.stalled:
+        age = engine.progress_age_s or 0.0
+        reasons.append(f"stalled: holds requests, no token computed for {age:.0f} s")
     ft = engine.detail.fault_status
     if ft is not None and ft.faulty:
         info = f" ({ft.fault_info})" if ft.fault_info else ""

@@ -18,6 +18,7 @@ from exporter.fleetstate.invariants import (
 )
 from exporter.protocol.activity import RequestCounts
 from exporter.protocol.elastic_ep import ElasticEpRead
+from exporter.protocol.progress import RankProgress
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,13 @@ class EngineSnapshot:
     #: answers or is not connected), and whether that is past ``--hung-after``.
     unresponsive_s: float = 0.0
     hung: bool = False
+    #: The tokens it computed and when that last grew (None: no source tells, or not yet),
+    #: and how long before this poll that was.
+    progress: RankProgress | None = None
+    progress_age_s: float | None = None
+    #: It holds requests and says it has work, but computed no token for ``--stall-after``
+    #: (``exporter.fleetstate.activity.is_stalled``).
+    stalled: bool = False
 
     @property
     def sleeping_outcome(self) -> EngineOutcome | None:
@@ -93,15 +101,18 @@ class EngineSnapshot:
 
     @property
     def state(self) -> str:
-        """awake | asleep | paused | hung | unknown (vLLM's is_sleeping is also true while
-        paused; hung: connected, but no answer for ``--hung-after``)."""
+        """awake | asleep | paused | stalled | hung | unknown (vLLM's is_sleeping is also true
+        while paused; hung: connected, but no answer for ``--hung-after``; stalled: awake,
+        answering, holding requests, but no token computed for ``--stall-after``)."""
         if self.hung:
             return "hung"
         if self.sleeping is None:
             return "unknown"
         if self.paused:
             return "paused"
-        return "asleep" if self.sleeping else "awake"
+        if self.sleeping:
+            return "asleep"
+        return "stalled" if self.stalled else "awake"
 
 
 def _unknown(method: str) -> ConsensusVerdict:
@@ -127,6 +138,9 @@ class FleetSnapshot:
     #: Each API server's elastic-EP operation as last read, in target order (HTTP and
     #: in-process mode); None where the attach mode has no API server to ask.
     elastic_ep: tuple[ElasticEpRead, ...] | None = None
+    #: Whether this attach mode has a source of each rank's progress (owner and relay mode
+    #: have none: no request flows through them).
+    progress_known: bool = False
 
     def verdict(self, invariant: Invariant) -> ConsensusVerdict:
         return self.verdicts.get(invariant.method) or _unknown(invariant.method)

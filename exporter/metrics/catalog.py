@@ -48,6 +48,8 @@ class MetricSpec:
     #: A gauge of *when* something happened: several API server processes' values are merged
     #: as the latest (``exporter.metrics.merge``), not taken from API server 0 alone.
     latest: bool = False
+    #: A gauge of *how long since* something happened: merged as the least of every process.
+    least: bool = False
 
     @property
     def family(self) -> str:
@@ -83,9 +85,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engine_state",
         "gauge",
         ("engine", "state"),
-        "1 for the engine's current state (awake, asleep, paused, hung, unknown), 0 for the "
-        "others: one series per state, for timelines. hung: its connection is alive but it "
-        "answered no call for --hung-after seconds (docs/activity.md).",
+        "1 for the engine's current state (awake, asleep, paused, stalled, hung, unknown), 0 "
+        "for the others: one series per state, for timelines. hung: its connection is alive "
+        "but it answered no call for --hung-after seconds; stalled: it answers, holds "
+        "requests and says it has work, but computed no token for --stall-after seconds "
+        "(in-process mode only; docs/activity.md).",
     ),
     MetricSpec(
         "vllm_dp_engine_unresponsive_seconds",
@@ -95,11 +99,31 @@ METRICS: tuple[MetricSpec, ...] = (
         "while it answers, or while it is disconnected: then it is not hung).",
     ),
     MetricSpec(
+        "vllm_dp_engine_progress_tokens_total",
+        "counter",
+        ("engine",),
+        "Tokens the engine computed, prompt plus generated, as its source counts them "
+        "(in-process: vLLM's stat loggers since the exporter started; HTTP: vLLM's per-engine "
+        "vllm:prompt_tokens_total + vllm:generation_tokens_total). Absent where no source "
+        "tells (owner, relay; docs/activity.md).",
+        modes=("http", "inprocess"),
+    ),
+    MetricSpec(
+        "vllm_dp_engine_last_progress_age_seconds",
+        "gauge",
+        ("engine",),
+        "Seconds, at the last poll, since the engine's computed tokens last grew (until they "
+        "first grow: since the exporter first read them). Absent where no source tells.",
+        modes=("http", "inprocess"),
+        least=True,
+    ),
+    MetricSpec(
         "vllm_dp_engine_routable",
         "gauge",
         ("engine",),
-        "1 when the engine should take traffic: it answered the last poll, is not hung, is "
-        "awake, not paused, and no fault-tolerance status says otherwise (GET /routable).",
+        "1 when the engine should take traffic: it answered the last poll, is not hung or "
+        "stalled, is awake, not paused, and no fault-tolerance status says otherwise (GET "
+        "/routable).",
     ),
     MetricSpec(
         "vllm_dp_engine_has_work",

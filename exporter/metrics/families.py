@@ -107,6 +107,7 @@ def family_steps(
     counters = {name: dict(counts) for name, counts in (client_counters or {}).items()}
     b = _Builder(model_name)
     yield from _engine_rows(b, snap)
+    yield from _progress_rows(b, snap)
     _push_rows(b, snap)
     _elastic_ep_rows(b, snap)
     yield
@@ -156,6 +157,21 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
             b.add(info, (e.engine, *info_labels(d)), 1.0)
         if e.known(WEIGHT_VERSION) and e.up:
             b.add(weights, (e.engine, e.weight_version or ""), 1.0)
+
+
+def _progress_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
+    """Each engine's computed tokens and how long since they grew (where the mode has a
+    source of them: ``progress_known``; an engine it tells nothing of is left out)."""
+    if not snap.progress_known:
+        return
+    tokens = b.family("vllm_dp_engine_progress_tokens_total")
+    age = b.family("vllm_dp_engine_last_progress_age_seconds")
+    for position, e in enumerate(snap.engines, 1):
+        if every(position):
+            yield
+        if e.progress is not None:
+            b.add(tokens, (e.engine,), float(e.progress.tokens))
+            b.add(age, (e.engine,), round(e.progress_age_s or 0.0, 3))
 
 
 def info_labels(d: EngineDetail) -> Labels:

@@ -3,7 +3,7 @@ dashboard and the alert rules read them through ``exporter.metrics.catalog``).""
 
 from __future__ import annotations
 
-ENGINE_STATES = ("awake", "asleep", "paused", "hung", "unknown")
+ENGINE_STATES = ("awake", "asleep", "paused", "stalled", "hung", "unknown")
 #: Registration facts shown as ``vllm_dp_engine_info`` labels: one series per engine whatever
 #: their values (a per-start ``instance_id`` is in /status only: it would add a series per
 #: restart).

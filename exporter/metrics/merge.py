@@ -13,7 +13,7 @@ files are ``exporter.inprocess.shared``'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporter.metrics.catalog import BY_NAME
@@ -144,7 +144,8 @@ def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]
     """One set of families: gauges from ``leader``, counters and histograms summed over the
     leader and ``others`` (label sets only another process has are included), and the gauges
     of when something happened (``MetricSpec.latest``: a reset runs in whichever process got
-    the request) as the latest of every process. Families keep the leader's order; a family
+    the request) as the latest of every process, and those of how long since
+    (``MetricSpec.least``) as the least. Families keep the leader's order; a family
     only another process has is appended."""
     merged: dict[str, Family] = {}
     for fam in leader:
@@ -152,7 +153,7 @@ def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]
         merged[fam.spec.name] = copy
     for families in others:
         for fam in families:
-            if fam.spec.kind == "gauge" and not fam.spec.latest:
+            if fam.spec.kind == "gauge" and not (fam.spec.latest or fam.spec.least):
                 continue
             mine = merged.get(fam.spec.name)
             if mine is None:
@@ -162,7 +163,8 @@ def merge_processes(leader: Sequence[Family], others: Sequence[Sequence[Family]]
             if fam.spec.kind == "histogram":
                 mine.histograms = _sum_histograms(mine.histograms, fam.histograms)
             elif fam.spec.kind == "gauge":
-                mine.rows = _latest_rows(mine.rows, fam.rows)
+                pick = max if fam.spec.latest else min
+                mine.rows = _extreme_rows(mine.rows, fam.rows, pick)
             else:
                 mine.rows = _sum_rows(mine.rows, fam.rows)
     return list(merged.values())
@@ -177,13 +179,16 @@ def _sum_rows(
     return sorted(totals.items())
 
 
-def _latest_rows(
-    a: Sequence[tuple[Labels, float]], b: Sequence[tuple[Labels, float]]
+def _extreme_rows(
+    a: Sequence[tuple[Labels, float]],
+    b: Sequence[tuple[Labels, float]],
+    pick: Callable[[float, float], float],
 ) -> list[tuple[Labels, float]]:
-    latest: dict[Labels, float] = {}
+    """Each label set's value picked over both (``max``: the latest; ``min``: the least)."""
+    picked: dict[Labels, float] = {}
     for values, value in (*a, *b):
-        latest[values] = max(latest.get(values, value), value)
-    return sorted(latest.items())
+        picked[values] = pick(picked.get(values, value), value)
+    return sorted(picked.items())
 
 
 Histogram = tuple[Labels, list[tuple[str, float]], float]

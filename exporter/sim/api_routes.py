@@ -171,7 +171,8 @@ class ApiRoutes:
         if body is None:
             now, first = time.monotonic(), self.options.story_offset  # engine i is rank first+i
             counts = {first + i: e.request_counts(now) for i, e in enumerate(self.engines)}
-            body = metrics_text(counts, self.options.log_stats).encode()
+            tokens = {first + i: e.tokens(now) for i, e in enumerate(self.engines)}
+            body = metrics_text(counts, self.options.log_stats, tokens).encode()
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _ft_status(self, request: web.Request) -> web.Response:

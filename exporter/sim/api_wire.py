@@ -107,11 +107,17 @@ _METRICS_PROLOGUE = (
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def metrics_text(counts: dict[int, tuple[int, int]], log_stats: bool = True) -> str:
+def metrics_text(
+    counts: dict[int, tuple[int, int]],
+    log_stats: bool = True,
+    tokens: dict[int, int] | None = None,
+) -> str:
     """vLLM's ``/metrics`` (Prometheus text, as ``prometheus_client`` writes it) for engines
     rank → (running, waiting): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``
-    per ``engine`` label, floats as prometheus_client prints them; without ``log_stats``
-    (``--disable-log-stats``) neither family, only the server's other metrics."""
+    per ``engine`` label, floats as prometheus_client prints them, and (``tokens``: rank →
+    generated tokens) ``vllm:prompt_tokens_total`` (0 here) and
+    ``vllm:generation_tokens_total``; without ``log_stats`` (``--disable-log-stats``) none of
+    these, only the server's other metrics."""
     lines = [_METRICS_PROLOGUE]
     if log_stats:
         families = (
@@ -127,6 +133,22 @@ def metrics_text(counts: dict[int, tuple[int, int]], log_stats: bool = True) -> 
         lines.append("# TYPE vllm:kv_cache_usage_perc gauge\n")
         for rank in counts:
             lines.append(f'vllm:kv_cache_usage_perc{{engine="{rank}",model_name="sim"}} 0.0\n')
+        if tokens is not None:
+            lines.append(_token_counters(tokens))
+    return "".join(lines)
+
+
+def _token_counters(tokens: dict[int, int]) -> str:
+    """vLLM's per-engine token counters: prompt tokens (0: the simulated requests have none
+    counted) and generated tokens."""
+    lines = []
+    for name, what in (("prompt", "prefill"), ("generation", "generation")):
+        family = f"vllm:{name}_tokens"
+        lines.append(f"# HELP {family}_total Number of {what} tokens processed.\n")
+        lines.append(f"# TYPE {family}_total counter\n")
+        for rank, count in tokens.items():
+            value = float(count) if name == "generation" else 0.0
+            lines.append(f'{family}_total{{engine="{rank}",model_name="sim"}} {value!r}\n')
     return "".join(lines)
 
 

@@ -160,6 +160,11 @@ class EngineState:
         self.tick(now)
         return self.work.counts()
 
+    def tokens(self, now: float) -> int:
+        """Tokens computed up to ``now`` (vLLM's per-engine generation-token counter)."""
+        self.tick(now)
+        return self.work.tokens
+
     def submit(self, duration_s: float, now: float, count: int = 1) -> None:
         """``count`` requests of ``duration_s`` seconds arrive (a client's generation)."""
         self.tick(now)

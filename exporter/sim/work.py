@@ -6,6 +6,11 @@ at once, none while paused), then runs for its duration. Pausing with ``"abort"`
 request, ``"keep"`` freezes them where they are, and ``"wait"`` lets the running ones finish
 while new ones queue (what vLLM RFC #51476 describes: a paused scheduler is not a quiet one).
 ``has_work`` is vLLM's ``EngineCore.has_work``: anything running or waiting.
+
+A running request computes ``TOKENS_PER_S`` tokens a second (``tokens``: what vLLM counts as
+``vllm:generation_tokens_total``). A ``stuck`` engine (a scheduler holding requests it never
+schedules, a step blocked on a KV transfer) keeps its requests and computes nothing, while it
+still answers every call: it reads ``stalled`` where a source counts its tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ MAX_RUNNING = 4
 #: runs this long once scheduled.
 DEMO_ARRIVAL_S = 0.5
 DEMO_REQUEST_S = 1.2
+#: Tokens one running request computes a second.
+TOKENS_PER_S = 50.0
 
 
 @dataclass
@@ -31,6 +38,11 @@ class Work:
     #: while paused (a pause with mode ``"wait"``).
     paused: bool = False
     drain: bool = False
+    #: Computes nothing and runs nothing, its requests held (a test's or the story's fault).
+    stuck: bool = False
+    #: Tokens computed so far (whole ones; ``_part`` keeps the fraction).
+    tokens: int = 0
+    _part: float = 0.0
     _at: float | None = None
 
     def submit(self, duration_s: float, now: float, count: int = 1) -> None:
@@ -43,8 +55,13 @@ class Work:
         """Run the requests up to ``now``: admit, then run, then admit into freed slots."""
         elapsed = 0.0 if self._at is None else max(0.0, now - self._at)
         self._at = now
+        if self.stuck:
+            return
         self._admit()
         if self.running and (not self.paused or self.drain):
+            self._part += sum(min(left, elapsed) for left in self.running) * TOKENS_PER_S
+            self.tokens += int(self._part)
+            self._part -= int(self._part)
             self.running = [left - elapsed for left in self.running if left - elapsed > 0]
         self._admit()
 

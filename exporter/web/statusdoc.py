@@ -117,6 +117,7 @@ def engine_json(
         "unresponsive_seconds": round(e.unresponsive_s, 3),
         "routable": routable_json(e),
         "activity": activity_json(e),
+        "progress": progress_json(e),
         "last_success_unix": e.last_success_unix,
         "seconds_since_last_success": since,
         "vllm_version": e.detail.vllm_version,
@@ -146,6 +147,15 @@ def activity_json(e: EngineSnapshot) -> dict[str, Any]:
         "waiting": None if counts is None else counts.waiting,
         "drained": e.drained if e.has_work is not None else None,
     }
+
+
+def progress_json(e: EngineSnapshot) -> dict[str, Any] | None:
+    """The tokens ``e`` computed and when they last grew (null: no source tells in this attach
+    mode, or not this poll; docs/activity.md)."""
+    made = e.progress
+    if made is None:
+        return None
+    return {**made.json(), "age_seconds": round(e.progress_age_s or 0.0, 3)}
 
 
 def registration_json(detail: EngineDetail) -> dict[str, Any]:

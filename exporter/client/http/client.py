@@ -67,6 +67,7 @@ from exporter.client.fleet import (
 from exporter.client.http.elastic_ep import ElasticEpReader
 from exporter.client.http.fault import FaultStatusReader
 from exporter.client.http.plugin_read import PluginReads
+from exporter.client.http.progress import ProgressReads
 from exporter.client.http.replies import interpret, read_activity
 from exporter.client.http.routes import (
     Reply,
@@ -84,7 +85,7 @@ from exporter.client.http.target import (
     front_end_of,
     target_state,
 )
-from exporter.client.observe import ELASTIC_EP_OPERATION, Observation, Observations
+from exporter.client.observe import ELASTIC_EP_OPERATION, PROGRESS, Observation, Observations
 from exporter.client.pushes import PushBook
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
 from exporter.protocol.strings import bound_text
@@ -135,6 +136,9 @@ class HttpFleetClient:
         self.observations = Observations()
         self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
         self.observations.add_refresher(self._refresh_elastic_ep)
+        #: Each dev-routes target's computed tokens, read with has_work (``progress``).
+        self._progress = ProgressReads()
+        self.observations.add_source(PROGRESS, lambda: self._progress.observations(self._states))
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -308,10 +312,10 @@ class HttpFleetClient:
         try:
             outcome = await self._exchange_one(state, method, spec)
         except BaseException:
-            state.request_counts = None
+            state.request_counts = state.progress = None
             raise
         if not outcome.ok:
-            state.request_counts = None
+            state.request_counts = state.progress = None
         return outcome
 
     async def _exchange_one(self, state: TargetState, method: str, spec: Route) -> EngineOutcome:
@@ -341,10 +345,11 @@ class HttpFleetClient:
             if reply.cut:  # over the read limit: refused, its connection already dropped
                 error = answer_too_long(spec.path, spec.limit)
                 return EngineOutcome(label, Outcome.FAILED, error=error, duration_s=duration)
-            if method == "has_work":  # GET /metrics: the outcome and the target's counts
+            if method == "has_work":  # GET /metrics: the outcome, the counts, the tokens
                 outcome, state.request_counts = read_activity(
                     label, reply.status, reply.body, duration
                 )
+                self._progress.read(state, reply.body if outcome.ok else None)
                 return outcome
             return interpret(label, method, reply.status, reply.body, duration)
 

@@ -24,6 +24,7 @@ from exporter.client.http.plugin import (
 )
 from exporter.protocol.activity import RequestCounts
 from exporter.protocol.handshake import MAX_REGISTRATION_STRING
+from exporter.protocol.progress import RankProgress
 from exporter.protocol.strings import bound_text
 
 
@@ -59,6 +60,9 @@ class TargetState:
     #: Its running and waiting requests (``/metrics``, summed over its ranks) as the last
     #: ``has_work`` read found them; None after any failure.
     request_counts: RequestCounts | None = None
+    #: Its computed tokens (``/metrics``, summed over its ranks) as the last ``has_work`` read
+    #: found them, and when they last grew; None after any failure.
+    progress: RankProgress | None = None
     #: From ``GET /version``, asked once the target answers (for ``vllm_dp_engine_info``).
     vllm_version: str | None = None
     #: ``python`` or ``rust`` (``GET /version`` names ``rust_frontend_version``), and that.

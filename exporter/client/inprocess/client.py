@@ -48,8 +48,9 @@ from exporter.client.fleet import (
     timed_out,
 )
 from exporter.client.inprocess.elastic_ep import ElasticEpWatch
+from exporter.client.inprocess.feed import FEED, ProgressFeed
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
-from exporter.client.observe import ELASTIC_EP_OPERATION, Observation, Observations
+from exporter.client.observe import ELASTIC_EP_OPERATION, PROGRESS, Observation, Observations
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
 from exporter.protocol.strings import bound_text, bound_value
 
@@ -65,6 +66,8 @@ FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 FRONT_END_TIMEOUT_S = 5.0
 #: Where the elastic-EP observations come from.
 ELASTIC_EP_SOURCE = "get_external_elastic_ep_status"
+#: Where the progress observations come from (vLLM's stat-logger plugins).
+FEED_SOURCE = "vllm.stat_logger_plugins"
 ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
 #: The method whose answer the front end's own count of unfinished requests can contradict.
 HAS_WORK = "has_work"
@@ -85,8 +88,11 @@ class InProcessFleetClient:
         allowed_methods: frozenset[str] = DEFAULT_ALLOWED_METHODS,
         max_in_flight: int = MAX_IN_FLIGHT,
         faults: ProtocolErrorTally | None = None,
+        feed: ProgressFeed = FEED,
     ) -> None:
         self.core = core
+        #: What vLLM's stat loggers told this process (``exporter.inprocess.feed``).
+        self.feed = feed
         #: The front end's fault-tolerance statuses, as recorded (``since_unix`` kept).
         self.pushes = PushBook(faults if faults is not None else ProtocolErrorTally())
         self._allowed = allowed_methods
@@ -105,6 +111,7 @@ class InProcessFleetClient:
         self.observations = Observations()
         self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
         self.observations.add_refresher(self._refresh_elastic_ep)
+        self.observations.add_source(PROGRESS, self._progress)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -175,6 +182,18 @@ class InProcessFleetClient:
             for read in self._elastic.reads()
         ]
 
+    def _progress(self) -> list[Observation]:
+        """Each managed rank's tokens as vLLM's stat loggers told this process (none while
+        vLLM built no stat logger of ours here: unknown)."""
+        ranks = [int(label) for label in self.engine_labels]
+        found = self.feed.progress(ranks, self.core.own_unfinished(ranks))
+        if found is None:
+            return []
+        return [
+            Observation(str(rank), PROGRESS, progress, progress.last_progress_unix, FEED_SOURCE)
+            for rank, progress in found.items()
+        ]
+
     def _read_fault_statuses(self, ranks: list[int]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this
         client manages (dict lookups): a rank without an entry is forgotten, an unreadable
@@ -191,10 +210,12 @@ class InProcessFleetClient:
 
     async def start(self) -> None:
         self._closed = False
+        self.feed.start()
 
     async def close(self) -> None:
         """Cancel the calls still waiting (vLLM drops a late reply to a cancelled future)."""
         self._closed = True
+        self.feed.stop()
         self._elastic.close()
         for task in list(self._outstanding):
             task.cancel()

@@ -317,6 +317,9 @@ async def test_metrics_and_status_shape_match_zmq_mode(
     # Each API server's elastic-EP operation: HTTP mode asks each target, owner mode has none.
     assert zmq_status.pop("elastic_ep_operations") is None
     assert [o["target"] for o in http_status.pop("elastic_ep_operations")] == ["0", "1"]
+    # Each engine's progress: HTTP mode reads the targets' token counters, owner mode has none.
+    assert [e.pop("progress") for e in zmq_status["engines"]] == [None, None]
+    assert [e.pop("progress")["source"] for e in http_status["engines"]] == ["metrics"] * 2
     assert key_shape(http_status) == key_shape(zmq_status)
     assert http_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"
     assert zmq_status["aggregate"]["is_sleeping"]["state"] == "inconsistent"

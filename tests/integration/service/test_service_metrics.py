@@ -11,7 +11,7 @@ from tests.harness.scrape import metric_value as value
 from tests.harness.scrape import samples
 from tests.harness.service import CALL_TIMEOUT, ServiceFactory
 
-ENGINE_STATES = ("awake", "asleep", "paused", "hung", "unknown")
+ENGINE_STATES = ("awake", "asleep", "paused", "stalled", "hung", "unknown")
 
 
 async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: ServiceFactory) -> None:
@@ -24,7 +24,14 @@ async def test_per_engine_gauges_and_consistent_aggregate(fleet_factory: Service
         states = {
             s.labels["state"]: s.value for s in samples(m, "vllm_dp_engine_state", engine=engine)
         }
-        assert states == {"awake": 1.0, "asleep": 0.0, "paused": 0.0, "hung": 0.0, "unknown": 0.0}
+        assert states == {
+            "awake": 1.0,
+            "asleep": 0.0,
+            "paused": 0.0,
+            "stalled": 0.0,
+            "hung": 0.0,
+            "unknown": 0.0,
+        }
         info = samples(m, "vllm_dp_engine_info", engine=engine)
         assert [
             (s.labels["vllm_version"], s.labels["enable_sleep_mode"], s.value) for s in info

@@ -5,9 +5,12 @@ tests/integration/conformance/test_activity_conformance.py)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
-from exporter.fleetstate.activity import hung_after_s, routability
+from exporter.fleetstate.activity import hung_after_s, is_stalled, routability
+from exporter.fleetstate.snapshot import EngineSnapshot
+from exporter.protocol.progress import RankProgress
 from exporter.protocol.pushes import FaultStatus
 from tests.harness.snapshots import engine_snapshot
 
@@ -55,3 +58,48 @@ def test_a_fault_tolerance_status_that_is_not_healthy_is_a_reason() -> None:
     assert routability(
         engine_snapshot("0", healthy, is_sleeping=False, is_scheduler_paused=False)
     ).routable
+
+
+STALL_S = 60.0
+#: A rank that computed 500 tokens, the last at 1000.0 (unix), holding 2 requests of its own.
+QUIET = RankProgress(500, 1000.0, "stat_logger", held=2)
+
+
+def holding(has_work: object = True, **answers: object) -> EngineSnapshot:
+    """An awake rank that answered, and said ``has_work``."""
+    said: dict[str, Any] = {"is_sleeping": False, "is_scheduler_paused": False}
+    return engine_snapshot("1", **{**said, "has_work": has_work, **answers})
+
+
+def test_a_rank_holding_requests_that_computed_nothing_for_stall_after_is_stalled() -> None:
+    assert is_stalled(holding(), QUIET, 1000.0 + STALL_S, STALL_S)
+    assert not is_stalled(holding(), QUIET, 1000.0 + STALL_S - 0.1, STALL_S)  # not yet
+
+
+def test_every_condition_of_stalled_is_needed() -> None:
+    late = 1000.0 + 10 * STALL_S
+    assert not is_stalled(holding(), QUIET, late, 0.0)  # --stall-after 0: never
+    assert not is_stalled(holding(), None, late, STALL_S)  # no source
+    http = RankProgress(500, 1000.0, "metrics", held=2)
+    assert not is_stalled(holding(), http, late, STALL_S)  # /metrics: a gauge can be stale
+    for held in (0, None):  # holds none of the requests its source counts, or unknown
+        assert not is_stalled(holding(), RankProgress(500, 1000.0, "stat_logger", held), late, 60)
+    assert not is_stalled(holding(False), QUIET, late, STALL_S)  # vLLM says no work
+    failed = EngineOutcome("1", Outcome.FAILED, error="unreadable")
+    assert not is_stalled(holding(failed), QUIET, late, STALL_S)  # unknown work
+    paused = holding(is_sleeping=True, is_scheduler_paused=True)
+    assert not is_stalled(paused, QUIET, late, STALL_S)  # the operator's pause wins
+    asleep = holding(is_sleeping=True)
+    assert not is_stalled(asleep, QUIET, late, STALL_S)
+    hung = dataclasses.replace(holding(), hung=True, unresponsive_s=99.0)
+    assert not is_stalled(hung, QUIET, late, STALL_S)  # no answers: hung, not stalled
+
+
+def test_a_stalled_rank_reads_stalled_and_is_not_routable() -> None:
+    stalled = dataclasses.replace(holding(), progress=QUIET, progress_age_s=75.2, stalled=True)
+    assert stalled.state == "stalled"
+    verdict = routability(stalled)
+    assert not verdict.routable
+    assert verdict.reasons == ("stalled: holds requests, no token computed for 75 s",)
+    paused = dataclasses.replace(holding(is_sleeping=True, is_scheduler_paused=True), stalled=True)
+    assert paused.state == "paused"  # never both: the poller marks only an awake rank

@@ -187,6 +187,18 @@ def test_gauges_come_from_the_leader_only() -> None:
     assert merged["vllm_dp_engine_up"].rows == [(("0",), 1.0), (("1",), 1.0)]
 
 
+def test_progress_is_summed_and_its_age_is_the_least_of_any_process() -> None:
+    """Each API server counts the tokens of its own requests: a rank's progress is their sum,
+    and it last progressed when any process saw it (the least age), not API server 0 alone."""
+    age = "vllm_dp_engine_last_progress_age_seconds"
+    tokens = "vllm_dp_engine_progress_tokens_total"
+    leader = [fam(tokens, {("0",): 10.0, ("1",): 0.0}), fam(age, {("0",): 2.0, ("1",): 300.0})]
+    other = [fam(tokens, {("1",): 40.0}), fam(age, {("0",): 9.0, ("1",): 1.5, ("2",): 7.0})]
+    merged = by_name(merge_processes(leader, [other]))
+    assert dict(merged[tokens].rows) == {("0",): 10.0, ("1",): 40.0}
+    assert dict(merged[age].rows) == {("0",): 2.0, ("1",): 1.5, ("2",): 7.0}
+
+
 def test_counters_are_summed_with_label_sets_only_one_side_has() -> None:
     key = ("reset_prefix_cache", "200")
     leader = [

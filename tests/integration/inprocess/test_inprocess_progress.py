@@ -1,0 +1,120 @@
+"""In-process forward progress and ``stalled`` (docs/activity.md): vLLM's stat loggers tell the
+exporter each rank's computed tokens (``exporter.inprocess.statlogger`` on a stand-in of vLLM's
+base, called as vLLM's output handler calls it). A rank that holds the front end's requests
+and says it has work (a simulated engine whose scheduler holds requests) but computes nothing
+reads ``stalled`` after ``--stall-after``, is not routable and is published so; the rank that
+keeps computing never is, and the stalled one reads awake again once it computes. Real ZMQ
+engines behind the simulated ``AsyncLLM``, the exporter embedded with ``start_exporter`` and
+read over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from exporter.client.inprocess.feed import FEED
+from exporter.inprocess.statlogger import logger_class
+from exporter.web.app import RunningService
+from tests.harness.inprocess import EmbeddedExporters, SimVllm, fresh_poll, http_session
+from tests.harness.scrape import metric_value, parse_metrics
+from tests.harness.statusschema import validate_status
+from tests.unit.inprocess.test_statlogger import StandInBase
+
+STALL_S = 1.0
+WAIT_S = 15.0
+LONG_S = 600.0
+
+
+@dataclass
+class Stats:
+    num_generation_tokens: int = 0
+    num_prompt_tokens: int = 0
+
+
+@pytest.fixture
+def stat_logger() -> Iterator[Any]:
+    """The plugin's stat logger as vLLM builds it for a client of ranks 0-2 (the process's
+    feed), detached again after the test."""
+    yield logger_class(StandInBase)(vllm_config=None, engine_indexes=[0, 1, 2])
+    FEED.detach()
+
+
+async def read(service: RunningService) -> tuple[dict[str, Any], Any]:
+    await fresh_poll(service)
+    async with http_session() as session:
+        async with session.get(service.url + "/status") as resp:
+            doc = await resp.json()
+        async with session.get(service.url + "/metrics") as resp:
+            metrics = parse_metrics(await resp.text())
+    validate_status(doc)
+    return doc, metrics
+
+
+def holding(sim: SimVllm, rank: int, count: int) -> None:
+    """The front end sent ``count`` requests to ``rank`` and its engine holds them."""
+    core = sim.core
+    core.engine_inflight[core.core_engines[rank]] = count
+    sim.engines[rank].state.submit(LONG_S, time.monotonic(), count=count)
+
+
+async def test_a_rank_that_holds_requests_and_computes_nothing_reads_stalled(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters, stat_logger: Any
+) -> None:
+    service = await embedded(sim_vllm.llm, stall_after=STALL_S)
+    holding(sim_vllm, 1, 2)  # rank 1: its scheduler holds them, computing nothing
+    holding(sim_vllm, 2, 1)  # rank 2: computes
+    sim_vllm.engines[1].state.work.stuck = True
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        stat_logger.record(None, Stats(8, 0), engine_idx=2)  # vLLM's output path, per step
+        doc, metrics = await read(service)
+        states = [e["state"] for e in doc["engines"]]
+        if states == ["awake", "stalled", "awake"]:
+            break
+        assert time.monotonic() < deadline, f"rank 1 never stalled: {states}"
+        await asyncio.sleep(0.1)
+    one, two = doc["engines"][1], doc["engines"][2]
+    assert one["routable"]["routable"] is False
+    assert one["routable"]["reasons"][0].startswith("stalled: holds requests, no token computed")
+    assert one["progress"]["tokens"] == 0 and one["progress"]["held"] == 2
+    assert one["progress"]["age_seconds"] >= STALL_S and one["progress"]["source"] == "stat_logger"
+    assert two["progress"]["tokens"] >= 8 and two["routable"]["routable"] is True
+    assert metric_value(metrics, "vllm_dp_engine_state", engine="1", state="stalled") == 1.0
+    assert metric_value(metrics, "vllm_dp_engine_state", engine="2", state="stalled") == 0.0
+    assert metric_value(metrics, "vllm_dp_engine_routable", engine="1") == 0.0
+    assert metric_value(metrics, "vllm_dp_engine_progress_tokens_total", engine="1") == 0.0
+    made = metric_value(metrics, "vllm_dp_engine_progress_tokens_total", engine="2")
+    assert made is not None and made >= 8.0
+    age = metric_value(metrics, "vllm_dp_engine_last_progress_age_seconds", engine="1")
+    assert age is not None and age >= STALL_S
+    # It computes again: awake and routable at the next poll.
+    stat_logger.record(None, Stats(0, 120), engine_idx=1)  # a prefill completed
+    doc, metrics = await read(service)
+    assert doc["engines"][1]["state"] == "awake" and doc["engines"][1]["routable"]["routable"]
+    assert doc["engines"][1]["progress"]["tokens"] == 120
+
+
+async def test_a_paused_or_idle_rank_is_never_stalled_and_no_stat_logger_is_unknown(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters, stat_logger: Any
+) -> None:
+    service = await embedded(sim_vllm.llm, stall_after=STALL_S)
+    holding(sim_vllm, 0, 2)
+    await sim_vllm.direct_call("pause_scheduler", 0, "keep")  # the operator's pause
+    deadline = time.monotonic() + WAIT_S
+    while True:  # until a poll saw every rank past --stall-after without a token
+        doc, _ = await read(service)
+        if min(e["progress"]["age_seconds"] for e in doc["engines"]) > STALL_S:
+            break
+        assert time.monotonic() < deadline, doc["engines"]
+        await asyncio.sleep(0.1)
+    assert [e["state"] for e in doc["engines"]] == ["paused", "awake", "awake"]
+    assert [e["progress"]["tokens"] for e in doc["engines"]] == [0, 0, 0]
+    FEED.detach()  # vLLM built no stat logger of ours (VLLM_PLUGINS left it out)
+    doc, metrics = await read(service)
+    assert [e["progress"] for e in doc["engines"]] == [None, None, None]
+    assert metric_value(metrics, "vllm_dp_engine_progress_tokens_total", engine="0") is None
