@@ -409,6 +409,14 @@ METRICS: tuple[MetricSpec, ...] = (
         modes=("relay",),
     ),
     MetricSpec(
+        "vllm_dp_late_replies_total",
+        "counter",
+        ("engine",),
+        "Replies to a utility call the exporter had given up on (it timed out): a busy or "
+        "recovering engine answering what was queued, not a protocol error (owner, relay).",
+        modes=("owner", "relay"),
+    ),
+    MetricSpec(
         "vllm_dp_state_file_writes_total",
         "counter",
         ("outcome",),
