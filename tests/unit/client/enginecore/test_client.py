@@ -14,9 +14,9 @@ import pytest
 from exporter.base.faults import ProtocolErrorTally
 from exporter.client.enginecore import client as client_module
 from exporter.client.enginecore.client import LATE_REPLIES, EngineCoreClient
-from exporter.client.observe import counters_of
 from exporter.client.enginecore.events import LinkSnapshot, TransportListener, UnexpectedEngines
 from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome
+from exporter.client.observe import counters_of
 from exporter.error import EngineUnavailable
 from exporter.protocol import EngineOutput, decode_utility_request
 from exporter.protocol.activity import RequestCounts
