@@ -161,9 +161,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "vllm_dp_engine_fault_tolerance_status",
         "gauge",
         ("engine", "status"),
-        "State set (healthy, unhealthy, dead, paused, recovering, other, unknown): the "
-        "engine's last status from vLLM's fault-tolerance sentinel (--enable-fault-tolerance; "
-        "paused and recovering from vLLM PR #41438); other for a status string the exporter "
+        "State set (healthy, unhealthy, dead, paused, recovering, diagnosing, other, unknown): "
+        "the engine's last status from vLLM's fault-tolerance sentinel (--enable-fault-tolerance; "
+        "paused and recovering from vLLM PR #41438, diagnosing from vLLM 0.34: faulted, its "
+        "all2all mask being read); other for a status string the exporter "
         "does not know (the string in /status fault_info, never a label); unknown when the "
         "exporter cannot read it or lost it (a restart without --state-file); only healthy is "
         "healthy; absent while it never reported.",

@@ -28,9 +28,10 @@ FT_STATUS_CALL_ID = -2
 FT_HEALTHY = "healthy"
 #: vLLM 0.33's sentinel statuses (``EngineStatusType`` names, lower case).
 FT_STATUSES_033 = (FT_HEALTHY, "unhealthy", "dead")
-#: Every status read as itself: vLLM 0.33's, then the two vLLM's open PR #41438 adds (a rank
-#: held still while the fleet recovers, a rank being recovered).
-FT_STATUSES = (*FT_STATUSES_033, "paused", "recovering")
+#: Every status read as itself: vLLM 0.33's, the two vLLM's open PR #41438 adds (a rank held
+#: still while the fleet recovers, a rank being recovered), and vLLM 0.34's ``diagnosing`` (a
+#: faulted rank whose workers' all2all mask is being read before it goes ``unhealthy``).
+FT_STATUSES = (*FT_STATUSES_033, "paused", "recovering", "diagnosing")
 #: A status string the exporter does not know (a later vLLM's): the string itself goes to
 #: ``fault_info``, never to a label (the label's values stay these few). Readable: not counted.
 FT_OTHER = "other"
@@ -56,6 +57,12 @@ UNREADABLE = "unreadable status: "
 #: An ``other`` status string shown in ``fault_info``: UTF-8 bytes kept before its repr
 #: (control characters escaped), and the most that repr may take.
 MAX_OTHER_STATUS = 64
+#: vLLM 0.34's ``mask`` of an ``unhealthy`` push (the union of its workers' all2all masks, one
+#: bit per rank): entries read at most, and shown at most in ``fault_info``.
+MAX_MASK = 65536
+MASK_SHOWN = 64
+#: The front end's own recovery state of a rank (vLLM 0.34's ``ft_state`` in its cached entry).
+FT_FRONT_END_STATES = ("recovering", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,10 +138,39 @@ def read_rank_status(value: Any, rank: int) -> RankStatus:
     if status == FT_OTHER:
         named = f"status {_other_status(raw)}"
         info = f"{named}: {info}" if info else named
+    for extra in (_mask_text(value.get("mask")), _front_end_text(value.get("ft_state"))):
+        if extra:
+            info = f"{info or status}; {extra}"
     error = _text(value.get("ft_error"))
     if error:
         info = f"{info or status}, recovery failed: {bound_text(error, 128)}"
     return RankStatus(rank, status, bound_text(info, MAX_FAULT_INFO) if info else None)
+
+
+def _mask_text(mask: Any) -> str | None:
+    """vLLM 0.34's all2all ``mask`` as ``fault_info`` shows it: its bits as given (the first
+    ``MASK_SHOWN``, then how many in all); ``mask unreadable`` when it is not a list of 0/1
+    of at most ``MAX_MASK`` entries. None without one."""
+    if mask is None:
+        return None
+    if (
+        not isinstance(mask, list)
+        or len(mask) > MAX_MASK
+        or not all(type(bit) is int and bit in (0, 1) for bit in mask)
+    ):
+        return "mask unreadable"
+    bits = "".join(map(str, mask[:MASK_SHOWN]))
+    more = f"... ({len(mask)} ranks)" if len(mask) > MASK_SHOWN else ""
+    return f"all2all mask {bits}{more}"
+
+
+def _front_end_text(state: Any) -> str | None:
+    """The front end's own recovery state of the rank (vLLM 0.34's ``ft_state``)."""
+    if state is None:
+        return None
+    if state in FT_FRONT_END_STATES:
+        return f"front end: {state}"
+    return f"front end: {_other_status(state) if isinstance(state, str) else _kind(state)}"
 
 
 def _other_status(raw: str) -> str:

@@ -305,12 +305,22 @@ MAX_FT_ANSWER = 1 << 20
 MAX_FT_RANKS = 1024
 #: Worst last: a server read as one engine reports its worst rank (unknown is never healthy).
 #: ``paused`` (vLLM PR #41438: a rank held still, itself fine, while the fleet recovers) is the
-#: least bad, then ``recovering`` (on its way back); ``unhealthy`` waits for an operator's
+#: least bad, then ``recovering`` (on its way back), then vLLM 0.34's ``diagnosing`` (faulted,
+#: its mask being read: ``unhealthy`` next); ``unhealthy`` waits for an operator's
 #: instruction; ``other`` (a status this exporter does not know) and ``unknown`` (one it could
 #: not read) may hide anything, so they outrank every known recoverable status; ``dead``, known
 #: beyond recovery in place, is the worst. Every value of ``FT_STATE_VALUES`` is ranked.
 #: (A status outside it, which ``read_rank_status`` never gives, ranks as ``unknown``.)
-_FT_WORST_LAST = (FT_HEALTHY, "paused", "recovering", "unhealthy", FT_OTHER, FT_UNKNOWN, "dead")
+_FT_WORST_LAST = (
+    FT_HEALTHY,
+    "paused",
+    "recovering",
+    "diagnosing",
+    "unhealthy",
+    FT_OTHER,
+    FT_UNKNOWN,
+    "dead",
+)
 _FT_SEVERITY = {status: rank for rank, status in enumerate(_FT_WORST_LAST)}
 
 

@@ -255,6 +255,34 @@ async def test_statuses_beyond_0_33_are_their_own_values(
     assert push_errors(fleet) == {}  # readable statuses: no bad_push
 
 
+@pytest.mark.parametrize("position", POSITIONS.values(), ids=POSITIONS.keys())
+async def test_vllm_0_34_diagnosing_then_unhealthy_with_its_mask(
+    fleet_factory: ServiceFactory, position: int
+) -> None:
+    """vLLM 0.34's sentinel on a faulted rank (``engine_core_sentinel.py``): ``diagnosing``
+    first (its own value, never healthy, the gate 412), then ``unhealthy`` with the workers'
+    all2all ``mask``, shown in ``fault_info``; a mask of another shape is said unreadable and
+    the status still counts."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    me = str(position)
+    await push(fleet, position, FT_STATUS_CALL_ID, {"id": position, "status": "diagnosing"})
+    m = await fleet.scrape()
+    assert ft_series(m) == {me: "diagnosing"} and metric_value(m, FAULTY) == 1.0
+    code, body = await gate(fleet)
+    assert code == 412 and body["failing_engines"] == [me], body
+    for mask, shown in (
+        ([0, 1, 1, 0], "RuntimeError; all2all mask 0110"),
+        ([1] * 100, "RuntimeError; all2all mask " + "1" * 64 + "... (100 ranks)"),
+        (["1", 2], "RuntimeError; mask unreadable"),
+        ({"ranks": [1]}, "RuntimeError; mask unreadable"),
+    ):
+        sent = {"id": position, "status": "unhealthy", "fault_info": "RuntimeError", "mask": mask}
+        await push(fleet, position, FT_STATUS_CALL_ID, sent)
+        mine = (await status(fleet))["engines"][position]["fault_tolerance"]
+        assert (mine["status"], mine["fault_info"]) == ("unhealthy", shown)
+    assert push_errors(fleet) == {}
+
+
 async def test_a_hostile_status_string_is_cut_and_never_a_label(
     fleet_factory: ServiceFactory,
 ) -> None:

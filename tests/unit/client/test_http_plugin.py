@@ -169,7 +169,16 @@ def test_fault_entries_are_per_rank_and_the_worst_is_the_server_s() -> None:
 
 
 #: Worst last, as a server read as one engine reports its ranks (replies._FT_SEVERITY).
-FT_ORDER = ("healthy", "paused", "recovering", "unhealthy", "other", "unknown", "dead")
+FT_ORDER = (
+    "healthy",
+    "paused",
+    "recovering",
+    "diagnosing",
+    "unhealthy",
+    "other",
+    "unknown",
+    "dead",
+)
 
 
 def test_the_worst_of_every_pair_of_statuses_wins() -> None:

@@ -89,6 +89,7 @@ def test_the_fault_tolerance_series_appear_only_once_an_engine_reported() -> Non
         ("1", "dead"): 1.0,
         ("1", "paused"): 0.0,
         ("1", "recovering"): 0.0,
+        ("1", "diagnosing"): 0.0,
         ("1", "other"): 0.0,
         ("1", "unknown"): 0.0,
     }

@@ -16,7 +16,9 @@ from exporter.protocol.pushes import (
     FT_STATE_VALUES,
     FT_STATUSES,
     FT_UNKNOWN,
+    MASK_SHOWN,
     MAX_FAULT_INFO,
+    MAX_MASK,
     MAX_OTHER_STATUS,
     FaultStatus,
     decode_eep_notification,
@@ -74,10 +76,45 @@ def test_a_status_that_is_no_string_is_named_briefly_in_the_problem() -> None:
     assert read_rank_status({"status": 2}, 0).status == FT_UNKNOWN  # PR #41438's codes: no name
 
 
-@pytest.mark.parametrize("status", ["healthy", "unhealthy", "dead", "paused", "recovering"])
+@pytest.mark.parametrize(
+    "status", ["healthy", "unhealthy", "dead", "paused", "recovering", "diagnosing"]
+)
 def test_every_status_vllm_names_is_its_own_value(status: str) -> None:
     read = read_rank_status({"id": 3, "status": status, "fault_info": "f"}, 3)
     assert (read.status, read.fault_info, read.problem) == (status, "f", None)
+
+
+@pytest.mark.parametrize(
+    ("mask", "shown"),
+    [
+        ([0, 1], "E; all2all mask 01"),
+        ([], "E; all2all mask "),
+        ([1] * (MASK_SHOWN + 1), "E; all2all mask " + "1" * MASK_SHOWN + "... (65 ranks)"),
+        ([0, 2], "E; mask unreadable"),
+        ([True], "E; mask unreadable"),
+        ("0110", "E; mask unreadable"),
+        ([0] * (MAX_MASK + 1), "E; mask unreadable"),
+    ],
+)
+def test_vllm_0_34_s_mask_is_shown_bounded(mask: Any, shown: str) -> None:
+    read = read_rank_status({"status": "unhealthy", "fault_info": "E", "mask": mask}, 1)
+    assert (read.status, read.fault_info) == ("unhealthy", shown)
+
+
+@pytest.mark.parametrize(
+    ("ft_state", "shown"),
+    [
+        ("recovering", "unhealthy; front end: recovering"),
+        ("failed", "unhealthy; front end: failed"),
+        ("x" * 500, "unhealthy; front end: 'xxxxxxxx"),  # cut (MAX_OTHER_STATUS)
+        (7, "unhealthy; front end: int"),
+    ],
+)
+def test_the_front_end_s_recovery_state_is_shown(ft_state: Any, shown: str) -> None:
+    read = read_rank_status({"status": "unhealthy", "ft_state": ft_state}, 0)
+    assert read.status == "unhealthy" and read.fault_info is not None
+    assert read.fault_info.startswith(shown), read.fault_info
+    assert len(read.fault_info.encode()) <= MAX_FAULT_INFO
 
 
 def test_any_other_status_string_is_other_named_in_fault_info() -> None:
