@@ -177,6 +177,10 @@ class SimApiServer(ApiRoutes):
             self.aborted_paths.append(request.path)
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client
+        key = self.options.api_key
+        if key is not None and request.path.startswith("/v1/"):  # vLLM's GUARDED_PREFIX
+            if request.headers.get("Authorization") != f"Bearer {key}":
+                return _json({"error": "Unauthorized"}, status=401)
         try:
             return await handler(request)
         except web.HTTPNotFound:

@@ -140,6 +140,9 @@ class ApiServerOptions:
     #: Where the fault-tolerance route is served: ``""`` at the root (vLLM 0.33), ``"/v1"``
     #: under ``/v1/`` only (vLLM's open PR #46370); the other place answers 404.
     fault_tolerance_prefix: str = ""
+    #: vLLM's ``--api-key``: every ``/v1`` route (vLLM 0.34's fault-tolerance routes among
+    #: them) answers 401 without ``Authorization: Bearer <key>``; the other routes ignore it.
+    api_key: str | None = None
     #: vLLM's Rust front end (``VLLM_USE_RUST_FRONTEND=1``) of this release answers instead of
     #: the Python API server: its consensus error (``utility call `m` returned inconsistent
     #: results across engines: [JSON values]``, under ``failed to call m: ``) comes in its own

@@ -7,6 +7,7 @@ move it): the full exporter over simulated API servers on loopback, read back th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -360,6 +361,45 @@ async def test_a_server_with_the_route_under_v1_only(
     apis[1].sim.set_fault_status(0, "healthy")
     apis[2].sim.set_fault_status(1, "healthy")
     assert (await gate(ex))[0] == 200
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=NAMES)
+async def test_vllm_0_34_s_route_behind_its_api_key(
+    start_api: StartApi, start_exporter: ServiceFactory, tmp_path: Path, position: int
+) -> None:
+    """vLLM 0.34 serves ``/v1/fault_tolerance/status`` only, behind its ``--api-key`` like every
+    ``/v1`` route. With the key in ``--http-token-file`` every rank's status is read (a
+    ``diagnosing`` rank too); without it the route answers 401 and that server's ranks read
+    ``unknown``, never healthy, and the gate holds."""
+    apis = [
+        await start_api(
+            engines=2,
+            story_offset=2 * i,
+            fault_tolerance=True,
+            fault_tolerance_prefix="/v1",
+            api_key="sk-vllm",
+        )
+        for i in range(3)
+    ]
+    targets = [f"{name}={api.url}" for name, api in zip(NAMES, apis, strict=True)]
+    token = tmp_path / "token"
+    token.write_text("sk-vllm\n")
+    keyed = await start_exporter(
+        http_config(targets, gate_min_interval=0, http_token_file=str(token))
+    )
+    apis[position].sim.set_fault_status(2 * position + 1, "diagnosing")
+    await keyed.fresh_poll()
+    state = await ft_state(keyed)
+    me = NAMES[position]
+    assert state["series"][me] == one_hot("diagnosing")
+    assert all(state["series"][n] == one_hot("healthy") for n in NAMES if n != me)
+    assert (await gate(keyed))[1]["failing_engines"] == [me]
+    keyless = await start_exporter(http_config(targets, gate_min_interval=0))
+    await keyless.fresh_poll()
+    state = await ft_state(keyless)
+    assert all(state["series"][n] == one_hot("unknown") for n in NAMES), state["series"]
+    status, body = await gate(keyless)
+    assert status == 412 and body["failing_engines"] == list(NAMES)
 
 
 async def test_a_server_with_neither_route_has_no_status(
