@@ -178,9 +178,9 @@ class SimApiServer(ApiRoutes):
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client
         key = self.options.api_key
-        if key is not None and request.path.startswith("/v1/"):  # vLLM's GUARDED_PREFIX
-            if request.headers.get("Authorization") != f"Bearer {key}":
-                return _json({"error": "Unauthorized"}, status=401)
+        guarded = key is not None and request.path.startswith("/v1/")  # vLLM's GUARDED_PREFIX
+        if guarded and request.headers.get("Authorization") != f"Bearer {key}":
+            return _json({"error": "Unauthorized"}, status=401)
         try:
             return await handler(request)
         except web.HTTPNotFound:
