@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +21,7 @@ import zmq
 from exporter.base.faults import ProtocolErrorTally
 from exporter.base.tasks import watch
 from exporter.client.enginecore.events import LinkSnapshot, TransportListener, UnexpectedEngines
+from exporter.client.enginecore.late import LATE_REPLIES, LateReplies
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     SHUTTING_DOWN,
@@ -51,11 +52,6 @@ log = logging.getLogger("exporter.client")
 #: How long an engine whose ENGINE_CORE_DEAD came from an unknown connection gets to prove it
 #: is alive by answering ``is_sleeping`` before it is given up.
 DEATH_CONFIRM_TIMEOUT_S = 2.0
-#: Calls that timed out remembered per client, so their late replies are told apart from
-#: unknown ones (a faulted vLLM 0.34 engine answers what was queued once it recovers).
-MAX_GIVEN_UP = 4096
-#: The family the late replies are published as.
-LATE_REPLIES = "vllm_dp_late_replies_total"
 
 
 class ZmqTransport(Protocol):
@@ -153,11 +149,8 @@ class EngineCoreClient:
         self._on_status = on_status
         self._death_confirm_timeout_s = death_confirm_timeout_s
         self._pending: dict[int, _Pending] = {}
-        #: Call id → engine index of the last ``MAX_GIVEN_UP`` calls that timed out: a reply
-        #: to one is late (a busy or recovering engine answering its queue), not unknown.
-        self._given_up: OrderedDict[int, int] = OrderedDict()
-        #: Engine label → its late replies (``vllm_dp_late_replies_total``).
-        self.late_replies: Counter[str] = Counter()
+        #: The calls that timed out: a reply to one is late, never unknown (``late``).
+        self.late = LateReplies()
         self._labels: dict[int, str] = {}
         self._confirming: dict[int, asyncio.Task[None]] = {}
         self._closed = False
@@ -173,7 +166,7 @@ class EngineCoreClient:
         self.observations.add_source(
             CLIENT_COUNT,
             lambda: client_counts(
-                {**self.transport.counters(), LATE_REPLIES: self.late_replies}, "transport"
+                {**self.transport.counters(), LATE_REPLIES: self.late.counts}, "transport"
             ),
         )
 
@@ -254,12 +247,6 @@ class EngineCoreClient:
     def _disconnected(self, engine_index: int, error: str) -> EngineOutcome:
         return EngineOutcome(self._label(engine_index), Outcome.DISCONNECTED, error=error)
 
-    def _give_up(self, call_id: int, engine_index: int) -> None:
-        """Remember a call no answer came for in time (bounded: the oldest is forgotten)."""
-        self._given_up[call_id] = engine_index
-        if len(self._given_up) > MAX_GIVEN_UP:
-            self._given_up.popitem(last=False)
-
     def _allocate_id(self) -> int:
         call_id = self._next_id
         self._next_id = (call_id + 1) & UINT64_MAX
@@ -319,7 +306,7 @@ class EngineCoreClient:
             for call_id in sent:
                 given_up = self._pending.pop(call_id, None)
                 if given_up is not None:
-                    self._give_up(call_id, given_up.engine_index)
+                    self.late.give_up(call_id, given_up.engine_index)
             if not fanout.done.done():
                 fanout.done.cancel()
         return [results[idx] for idx in indices]
@@ -344,9 +331,7 @@ class EngineCoreClient:
             return True
         pending = self._pending.get(reply.call_id)
         if pending is None:
-            if self._given_up.get(reply.call_id) == engine_index:
-                del self._given_up[reply.call_id]
-                self.late_replies[self._label(engine_index)] += 1
+            if self.late.claim(reply.call_id, engine_index, self._label(engine_index)):
                 return True
             self._faults.record(
                 "unknown_call_id", f"engine {engine_index}: reply to unknown call {reply.call_id}"

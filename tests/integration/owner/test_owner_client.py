@@ -310,12 +310,12 @@ async def test_a_reply_after_its_fan_out_ended_is_dropped_and_counted(
     # Late (a busy or recovering engine answering its queue): dropped, counted as late, never
     # a protocol error; the same id again, or from another engine, is unknown.
     await e1.send_output(encode_utility_reply(1, r1.call_id, value=True))
-    await eventually(lambda: h.client.late_replies == {"1": 1})
+    await eventually(lambda: h.client.late.counts == {"1": 1})
     assert "unknown_call_id" not in h.faults.counts
     await e1.send_output(encode_utility_reply(1, r1.call_id, value=True))
     await e0.send_output(encode_utility_reply(0, r0.call_id + 7, value=True))
     await eventually(lambda: h.faults.counts.get("unknown_call_id", 0) == 2)
-    assert h.client.late_replies == {"1": 1}
+    assert h.client.late.counts == {"1": 1}
 
 
 async def test_engine_core_dead_fails_pending_calls_at_once_and_refuses_new_ones(

@@ -9,12 +9,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import pytest
-
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.enginecore import client as client_module
-from exporter.client.enginecore.client import LATE_REPLIES, EngineCoreClient
+from exporter.client.enginecore.client import EngineCoreClient
 from exporter.client.enginecore.events import LinkSnapshot, TransportListener, UnexpectedEngines
+from exporter.client.enginecore.late import LATE_REPLIES, LateReplies
 from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome
 from exporter.client.observe import counters_of
 from exporter.error import EngineUnavailable
@@ -123,11 +121,11 @@ async def test_a_hung_engine_times_out_at_the_shared_deadline_alone() -> None:
     assert c.pending_count == 0  # the late reply will find nothing
 
 
-async def test_a_reply_to_a_call_given_up_on_is_late_not_unknown_and_the_memory_is_bounded(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(client_module, "MAX_GIVEN_UP", 2)
+async def test_a_reply_to_a_call_given_up_on_is_late_not_unknown_and_the_memory_is_bounded() -> (
+    None
+):
     c, transport, faults = client()
+    c.late = LateReplies(limit=2)
     for _ in range(3):  # engine 2 hangs: three calls given up on
         await c.call_utility("is_sleeping", timeout_s=0.01, engines=["2"])
     first, second, third = (r.call_id for _, r in transport.sent)
@@ -135,7 +133,7 @@ async def test_a_reply_to_a_call_given_up_on_is_late_not_unknown_and_the_memory_
     assert c.on_output(2, EngineOutput(2, UtilityReply(second, None, True)))
     assert not c.on_output(2, EngineOutput(2, UtilityReply(first, None, True)))  # forgotten
     assert not c.on_output(1, EngineOutput(1, UtilityReply(third, None, True)))  # answered
-    assert c.late_replies == {"2": 2} and faults.counts == {"unknown_call_id": 2}
+    assert c.late.counts == {"2": 2} and faults.counts == {"unknown_call_id": 2}
     counted = counters_of(c.observations)
     assert counted[LATE_REPLIES] == {"2": 2}
 
