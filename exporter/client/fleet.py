@@ -27,7 +27,9 @@ from exporter.protocol.kv_events import KvEventsSource
 from exporter.protocol.pushes import FaultStatus, MembershipEvent
 
 #: Read-only methods: the poller and the gate send only these.
-READ_METHODS = frozenset({"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work"})
+READ_METHODS = frozenset(
+    {"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work", "is_inference_ready"}
+)
 #: State-changing and expensive methods: sent only by an operator's admin request.
 ACTION_METHODS = frozenset(
     {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.client.observe import progress_of
-from exporter.fleetstate.invariants import READS, is_unsupported, require_type
+from exporter.fleetstate.invariants import ON_DEMAND, READS, is_unsupported, require_type
 from exporter.protocol.progress import RankProgress
 
 log = logging.getLogger("exporter.poller")
@@ -72,7 +72,7 @@ class FleetRead:
         self._forget_restarted(before)
         asked = [
             inv
-            for inv in READS
+            for inv in (*READS, *ON_DEMAND)  # an on-demand read only when asked for by name
             if inv.method in methods and inv.method in client.capabilities.methods
         ]
         calls, skipped = [], []

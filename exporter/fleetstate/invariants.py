@@ -54,9 +54,14 @@ INVARIANTS: tuple[Invariant, ...] = (SLEEPING, PAUSED, WEIGHT_VERSION)
 HAS_WORK = Invariant("has_work", "has_work", "a boolean", _is_bool)
 #: Every per-rank read of a poll: the invariants, then the activity read.
 READS: tuple[Invariant, ...] = (*INVARIANTS, HAS_WORK)
-BY_METHOD = {inv.method: inv for inv in READS}
-#: The invariants by their gate condition key (``has_work`` is the gate's ``drained``).
-BY_KEY = {inv.key: inv for inv in INVARIANTS}
+#: vLLM 0.34's ``is_inference_ready()``: not sleeping, not paused, no weight update under way.
+#: It is a collective RPC to the engine's workers (it waits for a hung worker), so it is asked
+#: only on demand, by the gate's ``inference_ready`` condition, never by a poll.
+INFERENCE_READY = Invariant("is_inference_ready", "inference_ready", "a boolean", _is_bool)
+ON_DEMAND: tuple[Invariant, ...] = (INFERENCE_READY,)
+BY_METHOD = {inv.method: inv for inv in (*READS, *ON_DEMAND)}
+#: The gate's conditions on one read's value, by key (``has_work`` is the gate's ``drained``).
+BY_KEY = {inv.key: inv for inv in (*INVARIANTS, *ON_DEMAND)}
 
 
 def is_unsupported(outcome: EngineOutcome) -> bool:

@@ -155,6 +155,11 @@ class EngineState:
         """vLLM's ``EngineCore.has_work``: a request running or waiting."""
         return self.work.has_work()
 
+    def is_inference_ready(self) -> bool:
+        """vLLM 0.34's ``is_inference_ready``: nothing asleep, the scheduler not paused (and no
+        weight update under way, which the simulation has none of)."""
+        return not self.paused and not self.sleeping_tags
+
     def request_counts(self, now: float) -> tuple[int, int]:
         """(running, waiting) at ``now``: what vLLM publishes per engine."""
         self.tick(now)
@@ -278,6 +283,7 @@ class EngineState:
             "set_weight_version": (self.set_weight_version, 1),
             "compute_weight_checksums": (self.compute_weight_checksums, 0),
             "has_work": (self.has_work, 0),
+            "is_inference_ready": (self.is_inference_ready, 0),
         }
         if self.supports_pause_query:
             methods["is_scheduler_paused"] = (self.is_scheduler_paused, 0)

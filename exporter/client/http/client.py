@@ -70,6 +70,7 @@ from exporter.client.http.plugin_read import PluginReads
 from exporter.client.http.progress import ProgressReads
 from exporter.client.http.replies import interpret, read_activity
 from exporter.client.http.routes import (
+    ROUTED_METHODS,
     Reply,
     Retryable,
     Route,
@@ -130,7 +131,7 @@ class HttpFleetClient:
         self._capabilities = Capabilities(
             fault_status=True,
             request_counts=True,
-            methods=self.allowed_methods & DEFAULT_ALLOWED_METHODS,
+            methods=self.allowed_methods & DEFAULT_ALLOWED_METHODS & ROUTED_METHODS,
         )
         #: Each server's elastic-EP operation, read once per poll off the poll's path.
         self.observations = Observations()

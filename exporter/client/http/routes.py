@@ -165,6 +165,11 @@ _BUILDERS: dict[str, Callable[[tuple[Any, ...]], Route]] = {
 }
 
 
+#: Every utility method HTTP mode has a route for (vLLM 0.34's ``is_inference_ready`` has none:
+#: a server's readiness goes through other routes).
+ROUTED_METHODS = frozenset(PLAIN_ROUTES) | frozenset(_BUILDERS)
+
+
 def _mode(mode: Any) -> str:
     if not isinstance(mode, str):
         raise MethodNotAllowed("the pause mode must be a string")

@@ -95,6 +95,40 @@ async def test_gate_holds_only_when_every_rank_meets_every_condition(
     assert status == 400 and "bogus" in body["error"]
 
 
+async def test_inference_ready_is_asked_only_by_the_gate_that_needs_it(
+    rl_fleet: ServiceFactory,
+) -> None:
+    """vLLM 0.34's ``is_inference_ready`` is a collective RPC to the workers: the polls never
+    send it, a gate with ``inference_ready`` asks it of every engine (a paused one named), and a
+    fleet whose engines all lack it (an older vLLM) answers 501."""
+    svc = await rl_fleet(3, gate_min_interval=0.0)
+    await svc.fresh_poll()
+    await svc.fresh_poll()
+    assert all("is_inference_ready" not in e.calls_by_method for e in svc.engines)
+    status, body = await gate(svc, inference_ready="true")
+    assert status == 200 and body["failing_engines"] == [], body
+    assert all(e.calls_by_method["is_inference_ready"] == 1 for e in svc.engines)
+    svc.engines[2].state.paused = True
+    status, body = await gate(svc, inference_ready="true")
+    assert status == 412 and body["failing_engines"] == ["2"]
+    (failure,) = next(e for e in body["engines"] if e["engine"] == "2")["failures"]
+    assert failure == "inference_ready is False, expected True"
+    await svc.fresh_poll()
+    assert all(e.calls_by_method["is_inference_ready"] == 2 for e in svc.engines)  # polls: none
+    old = await rl_fleet(
+        2,
+        gate_min_interval=0.0,
+        per_engine={
+            "missing_methods": {
+                0: frozenset({"is_inference_ready"}),
+                1: frozenset({"is_inference_ready"}),
+            }
+        },
+    )
+    status, body = await gate(old, inference_ready="true")
+    assert status == 501 and body["unsupported"] == ["inference_ready"], body
+
+
 async def test_gate_fan_out_is_fresh_and_shared(rl_fleet: ServiceFactory) -> None:
     svc = await rl_fleet(2, options=SimOptions(weight_version="a"), gate_min_interval=5.0)
     the_gate = svc.exporter.gate

@@ -9,8 +9,11 @@ from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.fleetstate.invariants import (
     BY_KEY,
     BY_METHOD,
+    INFERENCE_READY,
     INVARIANTS,
+    ON_DEMAND,
     PAUSED,
+    READS,
     SLEEPING,
     WEIGHT_VERSION,
     is_unsupported,
@@ -25,8 +28,14 @@ def test_each_invariant_is_found_by_its_method_and_its_key() -> None:
         "is_scheduler_paused",
         "get_weight_version",
     ]
-    assert BY_KEY == {"sleeping": SLEEPING, "paused": PAUSED, "weight_version": WEIGHT_VERSION}
-    assert all(BY_METHOD[inv.method] is inv for inv in INVARIANTS)
+    assert BY_KEY == {
+        "sleeping": SLEEPING,
+        "paused": PAUSED,
+        "weight_version": WEIGHT_VERSION,
+        "inference_ready": INFERENCE_READY,  # a gate condition, asked on demand only
+    }
+    assert all(BY_METHOD[inv.method] is inv for inv in (*INVARIANTS, INFERENCE_READY))
+    assert INFERENCE_READY not in READS and ON_DEMAND == (INFERENCE_READY,)
 
 
 @pytest.mark.parametrize(

@@ -132,11 +132,21 @@ def test_method_table() -> None:
         "get_weight_version": 0,
         "set_weight_version": 1,
         "compute_weight_checksums": 0,
+        "is_inference_ready": 0,
     }
     old = EngineState(supports_pause_query=False).methods()
-    assert "is_scheduler_paused" not in old and len(old) == 12
+    assert "is_scheduler_paused" not in old and len(old) == 13
     lacking = EngineState(missing_methods=frozenset({"get_weight_version", "nonexistent"}))
-    assert "get_weight_version" not in lacking.methods() and len(lacking.methods()) == 12
+    assert "get_weight_version" not in lacking.methods() and len(lacking.methods()) == 13
+
+
+def test_inference_ready_is_awake_and_not_paused() -> None:
+    state = EngineState()
+    assert state.call("is_inference_ready") is True
+    state.paused = True
+    assert state.call("is_inference_ready") is False
+    state.paused, state.sleeping_tags = False, {"weights"}
+    assert state.call("is_inference_ready") is False
 
 
 def test_call_values() -> None:

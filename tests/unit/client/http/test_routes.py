@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from exporter.client.fleet import READ_METHODS
-from exporter.client.http.routes import MAX_ANSWER, MAX_METRICS_ANSWER, Route, route
+from exporter.client.http.routes import (
+    MAX_ANSWER,
+    MAX_METRICS_ANSWER,
+    ROUTED_METHODS,
+    Route,
+    route,
+)
 from exporter.error import MethodNotAllowed
 
 
@@ -23,5 +29,9 @@ def test_has_work_takes_no_arguments(args: tuple[object, ...]) -> None:
         route("has_work", args)
 
 
-def test_every_read_method_has_a_route() -> None:
-    assert all(route(method).verb == "GET" for method in READ_METHODS)
+def test_every_polled_read_has_a_route_and_inference_readiness_has_none() -> None:
+    polled = READ_METHODS - {"is_inference_ready"}
+    assert all(route(method).verb == "GET" for method in polled)
+    assert polled <= ROUTED_METHODS and "is_inference_ready" not in ROUTED_METHODS
+    with pytest.raises(MethodNotAllowed, match="no HTTP route"):
+        route("is_inference_ready")
