@@ -2,14 +2,14 @@
 
 Conditions come as query parameters (``weight_version=V``, ``sleeping=true|false``,
 ``paused=true|false``, ``healthy=true|false``: no rank reports a fault-tolerance status but
-``healthy``; ``drained=true|false``: every rank answered ``has_work`` false and no
-published request count says otherwise; ``inference_ready=true|false``: vLLM 0.34's
-``is_inference_ready``, asked only by a gate that names it). The gate runs a **fresh**
-fan-out (never the cached poll), shared by concurrent callers and at most one every
-``min_interval_s``; ``evaluate`` is the pure verdict over that sample: 200 when every expected
-engine answered and meets every condition, 412 naming the failing engines and conditions, 501 when no engine supports a
-condition (an older vLLM: waiting cannot help), 503 when no engine is connected. Only the read
-methods the conditions need are asked (every one without conditions).
+``healthy``; ``drained=true|false``: every rank answered ``has_work`` false and no published
+request count says otherwise; ``inference_ready=true|false``: vLLM 0.34's
+``is_inference_ready``, asked only by a gate that names it). The gate runs a **fresh** fan-out
+(never the cached poll), shared by concurrent callers and at most one every ``min_interval_s``;
+``evaluate`` is the pure verdict over that sample: 200 when every expected engine answered and
+meets every condition, 412 naming the failing engines and conditions, 501 when no engine
+supports a condition (an older vLLM: waiting cannot help), 503 when no engine is connected. Only
+the read methods the conditions need are asked (every one without conditions).
 """
 
 from __future__ import annotations
