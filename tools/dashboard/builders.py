@@ -11,12 +11,16 @@ SEL = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
 
 # State encodings for the stat / state-timeline panels: one number per state, with a colour.
 FLEET_STATES = (("consistent", 0, "green"), ("unknown", 1, "orange"), ("inconsistent", 2, "red"))
+#: The engine states (exporter.metrics.labels.ENGINE_STATES); worst last.
 ENGINE_STATES = (
     ("awake", 0, "green"),
     ("asleep", 1, "blue"),
     ("paused", 2, "yellow"),
     ("unknown", 3, "orange"),
-    ("hung", 4, "red"),  # connected, no answer for --hung-after (docs/activity.md)
+    # answers and holds requests, no token computed for --stall-after (in-process mode only;
+    # docs/activity.md); darker than unknown's orange so the two stay apart
+    ("stalled", 4, "dark-orange"),
+    ("hung", 5, "red"),  # connected, no answer for --hung-after (docs/activity.md)
 )
 #: vLLM's fault-tolerance statuses (vllm_dp_engine_fault_tolerance_status{status}), every value
 #: of exporter.protocol.pushes.FT_STATE_VALUES, numbered as HTTP mode ranks them (worst last).
@@ -24,10 +28,11 @@ FT_STATUSES = (
     ("healthy", 0, "green"),
     ("paused", 1, "blue"),  # vLLM PR #41438: held still while the fleet recovers
     ("recovering", 2, "yellow"),  # vLLM PR #41438: being recovered
-    ("unhealthy", 3, "orange"),
-    ("other", 4, "dark-purple"),  # a status string the exporter does not know
-    ("unknown", 5, "purple"),  # not readable, or lost at a restart: never healthy
-    ("dead", 6, "red"),
+    ("diagnosing", 3, "light-orange"),  # vLLM 0.34: faulted, its all2all mask being read
+    ("unhealthy", 4, "orange"),
+    ("other", 5, "dark-purple"),  # a status string the exporter does not know
+    ("unknown", 6, "purple"),  # not readable, or lost at a restart: never healthy
+    ("dead", 7, "red"),
 )
 GREEN_RED = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 

@@ -1,5 +1,6 @@
 """Dashboard row: what each rank is doing (docs/activity.md): its running and waiting requests,
-whether it has work, and the hung and routable timelines."""
+whether it has work, the hung and routable timelines, and its progress (tokens computed, seconds
+since the last one) with the stalled timeline."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dashboard.builders import (
 
 LEGEND = "engine {{engine}} ({{instance}})"
 RUNNING, WAITING, HUNG = sel('state="running"'), sel('state="waiting"'), sel('state="hung"')
+STALLED = sel('state="stalled"')
 
 
 def _two_values(zero: tuple[str, str], one: tuple[str, str]) -> list[dict[str, object]]:
@@ -31,7 +33,7 @@ def _two_values(zero: tuple[str, str], one: tuple[str, str]) -> list[dict[str, o
 
 
 def add_activity_rows(L: Layout) -> None:
-    L.row("Activity: requests, hung, routable")
+    L.row("Activity: requests, hung, progress, routable")
     for selector, title, what in (
         (
             RUNNING,
@@ -101,8 +103,9 @@ def add_activity_rows(L: Layout) -> None:
         state_timeline(
             "Routable per rank",
             "vllm_dp_engine_routable per rank: routable when it answered the last poll, is not "
-            "hung, is awake, not paused, and no fault-tolerance status says otherwise. GET "
-            "/routable gives the reasons; GET /readyz?engine=N answers 503 while it is not.",
+            "hung or stalled, is awake, not paused, and no fault-tolerance status says "
+            "otherwise. GET /routable gives the reasons; GET /readyz?engine=N answers 503 while "
+            "it is not.",
             [target(f"vllm_dp_engine_routable{sel()}", LEGEND)],
             maps=_two_values(("not routable", "red"), ("routable", "green")),
             steps=[{"color": "text", "value": None}],
@@ -137,6 +140,67 @@ def add_activity_rows(L: Layout) -> None:
             "the one silent longest is usually where the hang started.",
             [target(f"vllm_dp_engine_unresponsive_seconds{sel()}", LEGEND)],
             unit="s",
+        ),
+        w=24,
+        h=6,
+    )
+    L.add(
+        timeseries(
+            "Tokens computed per rank (tokens/s)",
+            "Per-rank progress: the rate of vllm_dp_engine_progress_tokens_total, the tokens "
+            "each rank computed, prompt plus generated (in-process: vLLM's stat loggers; HTTP: "
+            "vLLM's vllm:prompt_tokens_total + vllm:generation_tokens_total). Prompt tokens count "
+            "when a prefill completes, so a long prefill shows as 0 until it ends. A rank at 0 "
+            "while it has work and its neighbours compute is stalling. No line where no source "
+            "tells (owner and relay mode): never drawn as 0.",
+            [
+                target(
+                    "sum by (instance, engine) "
+                    f"(rate(vllm_dp_engine_progress_tokens_total{sel()}[$__rate_interval]))",
+                    LEGEND,
+                )
+            ],
+            unit="short",
+        ),
+        w=12,
+        h=7,
+    )
+    L.add(
+        timeseries(
+            "Seconds since the last computed token",
+            "vllm_dp_engine_last_progress_age_seconds: seconds, at the last poll, since the "
+            "rank's computed tokens last grew (an idle rank's grows too: it is stalled only while "
+            "it holds requests and has work). In in-process mode a rank that holds requests and "
+            "has work reads stalled once this passes --stall-after (default 120 s). No line "
+            "where no source tells.",
+            [
+                target(
+                    f"max by (instance, engine) (vllm_dp_engine_last_progress_age_seconds{sel()})",
+                    LEGEND,
+                )
+            ],
+            unit="s",
+        ),
+        w=12,
+        h=7,
+    )
+    L.add(
+        state_timeline(
+            "Stalled per rank",
+            "Ranks that answer, are awake and not paused, hold requests and say they have work, "
+            'but computed no token for --stall-after (vllm_dp_engine_state{state="stalled"}): a '
+            "scheduler that holds requests it never schedules (blocked on a KV transfer, a "
+            "deadlock). In-process mode only; HTTP mode shows progress but never calls a rank "
+            "stalled. A hung or paused rank is not stalled. VllmDpEngineStalled fires after a "
+            "minute.",
+            [
+                target(
+                    f"max by (instance, engine) (vllm_dp_engine_state{STALLED})",
+                    LEGEND,
+                )
+            ],
+            maps=_two_values(("not stalled", "green"), ("stalled", "dark-orange")),
+            steps=[{"color": "text", "value": None}],
         ),
         w=24,
         h=6,

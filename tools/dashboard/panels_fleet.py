@@ -130,8 +130,9 @@ def add_fleet_rows(L: Layout) -> None:
         state_timeline(
             "Engine sleep state",
             "Per-engine state from vllm_dp_engine_state: awake, asleep, paused (scheduler paused; "
-            "vLLM's is_sleeping is also true then), unknown (the engine did not answer) or hung "
-            "(connected, but no answer for --hung-after). "
+            "vLLM's is_sleeping is also true then), unknown (the engine did not answer), stalled "
+            "(answers and holds requests, but computed no token for --stall-after; in-process "
+            "mode only) or hung (connected, but no answer for --hung-after). "
             "Engines that switch at different times show where the fleet diverged.",
             [target(engine_code, "engine {{engine}} ({{instance}})")],
             maps=mappings(ENGINE_STATES),
@@ -200,7 +201,8 @@ def add_fleet_rows(L: Layout) -> None:
             "Fault tolerance per rank",
             "vLLM's fault-tolerance sentinel (--enable-fault-tolerance, vLLM 0.33+) per engine, "
             "from vllm_dp_engine_fault_tolerance_status: healthy, unhealthy (its busy loop "
-            "raised; it waits for POST /fault_tolerance/apply) or dead; paused and recovering "
+            "raised; it waits for POST /fault_tolerance/apply) or dead; diagnosing (vLLM 0.34: "
+            "faulted, its mask being read before it goes unhealthy); paused and recovering "
             "(vLLM PR #41438); other (a status the exporter does not know, named in /status); "
             "unknown (not readable, or lost). Empty while no engine reported (fault tolerance "
             "off, or relay mode). vLLM's /health stays 200 meanwhile.",

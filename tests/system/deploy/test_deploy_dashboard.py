@@ -16,6 +16,8 @@ REQUIRED_MATCHERS = ('job=~"$job"', 'instance=~"$instance"', 'model_name=~"$mode
 # Metrics the dashboard must show (one panel or more each; tools/gen_dashboard.py builds it).
 REQUIRED_METRICS = {
     "vllm_dp_fleet_state",
+    "vllm_dp_engine_progress_tokens_total",
+    "vllm_dp_engine_last_progress_age_seconds",
     "vllm_dp_engine_state",
     "vllm_dp_engines_connected",
     "vllm_dp_engines_expected",

@@ -19,6 +19,7 @@ REQUIRED_ALERTS = {
     "VllmDpExporterPollsStale",
     "VllmDpStateFileWriteFailing",
     "VllmDpEngineHung",
+    "VllmDpEngineStalled",
     "VllmDpRequestsOnUnroutableEngine",
 }
 SEVERITIES = {"critical", "warning", "info"}
@@ -312,3 +313,31 @@ def test_requests_on_unroutable_engine_needs_known_counts():
         if without_counts and checks and not any(c.get("exp_alerts") for c in checks):
             proved = True
     assert proved, f"no promtool case where {name} stays silent without request counts"
+
+
+def test_engine_stalled_is_its_own_state():
+    """Stalled is the exporter's verdict (state="stalled": answering, holding requests, no token
+    for --stall-after), never hung or paused; promtool cases prove a hung and a paused rank keep
+    it silent while their progress series stand still."""
+    name = "VllmDpEngineStalled"
+    expr = {rule["alert"]: rule for rule in artefacts.alerting_rules()}[name]["expr"]
+    assert 'vllm_dp_engine_state{state="stalled"}' in expr
+    assert "max by (job, instance, namespace, pod, engine)" in expr
+    assert "hung" not in expr and "paused" not in expr
+
+    def states(case: dict[str, Any], value: str) -> bool:
+        """A rank whose state series ``value`` is 1 at some sample."""
+        return any(
+            s["series"].startswith("vllm_dp_engine_state{")
+            and f'state="{value}"' in s["series"]
+            and re.search(r"(^|\s)1(x[0-9]+)?(\s|$)", s["values"])
+            for s in case["input_series"]
+        )
+
+    silent_for = set()
+    for case in _unit_test_cases():
+        checks = [c for c in case.get("alert_rule_test", []) if c["alertname"] == name]
+        if checks and not any(c.get("exp_alerts") for c in checks) and not states(case, "stalled"):
+            silent_for |= {v for v in ("hung", "paused") if states(case, v)}
+    missing = {"hung", "paused"} - silent_for
+    assert not missing, f"no promtool case where {name} stays silent for a rank {missing}"
