@@ -84,6 +84,10 @@ class SimApiServer(ApiRoutes):
         self.elastic_ep = SimElasticEp()
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
+        #: (method, path with query) of every request answered, in order, once its handler's
+        #: answer was handed back to be sent (an aborted request has none): with ``requests``,
+        #: what tells a test that every request received has been answered.
+        self.answered: list[tuple[str, str]] = []
         self._connections: dict[Any, int] = {}
         self.aborted = 0
         #: The path of each request aborted (``reset_reused_connections``), in order.
@@ -177,6 +181,12 @@ class SimApiServer(ApiRoutes):
             self.aborted_paths.append(request.path)
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client
+        response = await self._answer(request, handler)
+        self.answered.append((request.method, request.path_qs))
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The answer to ``request`` (its handler's, or the server's own error envelope)."""
         key = self.options.api_key
         guarded = key is not None and request.path.startswith("/v1/")  # vLLM's GUARDED_PREFIX
         if guarded and request.headers.get("Authorization") != f"Bearer {key}":

@@ -91,6 +91,9 @@ class SimEngine:
         self.state: EngineState = self.options.initial_state(self.engine_index)
         self.calls = 0
         self.calls_by_method: dict[str, int] = {}
+        #: Utility replies sent so far (each after its frame went out; pushes are not replies):
+        #: with ``calls``, what tells a test that every request read has been answered.
+        self.replies = 0
         self.connected = asyncio.Event()
         self.shutting_down = False
         self.input_alive = True
@@ -362,6 +365,7 @@ class SimEngine:
             engine_notifications=self.options.engine_notifications,
         )
         await self._send(client_index, frame)
+        self.replies += 1
 
     async def _send(self, client_index: int, frame: bytes) -> None:
         await self._outputs[client_index].send(frame)

@@ -16,6 +16,7 @@ from exporter.client.fleet import (
 from exporter.sim.options import SimReply
 from exporter.sim.state import EngineState
 from tests.harness.service import RecordingSimEngine
+from tests.harness.waiting import eventually
 
 ENGINES = 3
 WAIT_S = 10.0
@@ -35,6 +36,7 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "is_scheduler_paused": False,
     "get_weight_version": None,
     "has_work": False,
+    "is_inference_ready": True,
     "reset_prefix_cache": True,
 }
 
@@ -176,6 +178,19 @@ class FleetKind:
         """Requests from this client that reached engine ``i``'s side (its own reads, or its
         server's): what a test waits on before acting on a call in flight."""
         return self.sent_to(i)
+
+    def answered(self, i: int) -> int:
+        """Answers engine ``i``'s side sent back so far (its replies, or its server's answers),
+        counted as ``asked`` counts requests: once it reaches ``asked(i)``, every request that
+        side had read has been answered, a late one included: what a test waits on before it
+        relies on a late answer having come (a count, not a sleep)."""
+        raise NotImplementedError
+
+    async def all_answered(self, i: int, timeout_s: float = WAIT_S) -> None:
+        """Wait (bounded) until engine ``i``'s side has answered every request it read by now."""
+        asked = self.asked(i)
+        what = f"{self.name}: engine {i}'s side answering its {asked} requests"
+        await eventually(lambda: self.answered(i) >= asked, timeout_s, what)
 
     def pending(self) -> int:
         """Calls this client still has in flight (bookkeeping a closed client must not keep)."""

@@ -126,6 +126,9 @@ class FakeKind(FleetKind):
     def sent_to(self, i: int) -> int:
         return sum(1 for engine, _, _ in self.fleet.calls if engine == self.labels[i])
 
+    def answered(self, i: int) -> int:
+        return self.sent_to(i)  # the handler answers each call as it is made
+
     def pending(self) -> int:
         return 0
 

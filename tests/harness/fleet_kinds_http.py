@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exporter.base.faults import ProtocolErrorTally
-from exporter.client.fleet import (
-    Capabilities,
-    Outcome,
-)
+from exporter.client.fleet import DEFAULT_ALLOWED_METHODS, Capabilities, Outcome
 from exporter.client.http.client import HttpFleetClient
 from exporter.client.http.plugin_read import PLUGIN_SHARE_S
+from exporter.client.http.routes import ROUTED_METHODS
 from exporter.client.http.target import PluginTargetState
 from exporter.control.attach import build_fleet
 from exporter.inprocess.plugin import DpExporterPlugin
@@ -45,6 +43,9 @@ from tests.harness.plugin_app import (
     server_url,
 )
 from tests.harness.waiting import eventually
+
+#: HTTP mode asks the allow-listed methods that have a route (``is_inference_ready`` has none).
+HTTP_METHODS = DEFAULT_ALLOWED_METHODS & ROUTED_METHODS
 
 
 class HttpKind(FleetKind):
@@ -120,6 +121,9 @@ class HttpKind(FleetKind):
     def sent_to(self, i: int) -> int:
         return self._calls(i)
 
+    def answered(self, i: int) -> int:
+        return sum(1 for _, path in self.servers[i].sim.answered if path not in SIDE_PATHS)
+
     def pending(self) -> int:
         return http_pending(self.http)
 
@@ -152,7 +156,7 @@ async def start_http() -> HttpKind:
     kind = HttpKind(
         "http",
         client,
-        Capabilities(fault_status=True, request_counts=True),
+        Capabilities(fault_status=True, request_counts=True, methods=HTTP_METHODS),
         flags_shutting_down=False,
         failure_text_as_sent=False,
     )
@@ -180,23 +184,45 @@ async def start_http() -> HttpKind:
 
 @dataclass
 class RecordedPluginApp:
-    """The plugin's app (``PluginApp``) and every request path it received."""
+    """The plugin's app (``PluginApp``), every request path it received (``paths``) and the
+    path of every request it answered, once the answer's last byte was handed to the server
+    (``answered``)."""
 
     app: PluginApp
     paths: list[str]
+    answered: list[str]
+
+
+class Recorder:
+    """ASGI middleware: each HTTP request's path as it arrives, and again once its answer is
+    sent (the last ``http.response.body`` message passed on to the server)."""
+
+    def __init__(self, app: ASGIApp, paths: list[str], answered: list[str]) -> None:
+        self.app, self.paths, self.answered = app, paths, answered
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        self.paths.append(path)
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.answered.append(path)
+
+        await self.app(scope, receive, sending)
 
 
 async def start_recorded_plugin_app(fleet: SimVllm) -> RecordedPluginApp:
     """``tests.harness.plugin_app.start_plugin_app`` in vLLM's order (``attach_router``,
-    ``init_state``, then uvicorn), with a middleware recording every request's path."""
+    ``init_state``, then uvicorn), with a middleware recording every request's path, and
+    again once it is answered."""
     app = FastAPI()
     paths: list[str] = []
-
-    @app.middleware("http")
-    async def record(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Any:
-        paths.append(request.url.path)
-        return await call_next(request)
-
+    answered: list[str] = []
+    app.add_middleware(Recorder, paths=paths, answered=answered)
     add_fault_tolerance_route(app, fleet.llm)
     plugin = DpExporterPlugin()
     plugin.attach_router(app)
@@ -204,7 +230,7 @@ async def start_recorded_plugin_app(fleet: SimVllm) -> RecordedPluginApp:
     server, task = await serve(app)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S))
     plugin_app = PluginApp(app, plugin, server, task, server_url(server), session, fleet)
-    return RecordedPluginApp(plugin_app, paths)
+    return RecordedPluginApp(plugin_app, paths, answered)
 
 
 class HttpPluginKind(FleetKind):
@@ -290,6 +316,9 @@ class HttpPluginKind(FleetKind):
     def asked(self, i: int) -> int:
         return self.requests()  # one gate request asks every engine of the server
 
+    def answered(self, i: int) -> int:
+        return sum(1 for path in self.recorded.answered if path not in SIDE_PATHS)
+
     def pending(self) -> int:
         return http_pending(self.http)
 
@@ -309,7 +338,7 @@ async def start_http_plugin(monkeypatch: pytest.MonkeyPatch) -> HttpPluginKind:
     kind = HttpPluginKind(
         "http_plugin",
         client,
-        Capabilities(fault_status=True, request_counts=True),
+        Capabilities(fault_status=True, request_counts=True, methods=HTTP_METHODS),
         death_takes_all=True,
         flags_shutting_down=False,
         failure_text_as_sent=False,

@@ -103,6 +103,9 @@ class SimEngineKind(FleetKind):
     def sent_to(self, i: int) -> int:
         return self.engines[i].calls
 
+    def answered(self, i: int) -> int:
+        return self.engines[i].replies
+
     def pending(self) -> int:
         assert isinstance(self.client, EngineCoreClient)
         return self.client.pending_count
@@ -137,7 +140,7 @@ async def start_owner() -> SimEngineKind:
         "owner",
         client,
         Capabilities(fault_status=True, handshakes=True),
-        frozenset({"vllm_dp_state_file_writes_total"}),
+        frozenset({"vllm_dp_state_file_writes_total", "vllm_dp_late_replies_total"}),
     )
     context = zmq.asyncio.Context()
 
@@ -183,7 +186,13 @@ async def start_relay(tmp_path: Path) -> RelayKind:
         Capabilities(
             fault_status=False, beside_a_front_end=True, handshakes=True, request_counts=True
         ),
-        frozenset({"vllm_dp_relay_handshakes_total", "vllm_dp_state_file_writes_total"}),
+        frozenset(
+            {
+                "vllm_dp_relay_handshakes_total",
+                "vllm_dp_state_file_writes_total",
+                "vllm_dp_late_replies_total",
+            }
+        ),
     )
     kind.harness = harness
     context = zmq.asyncio.Context()
