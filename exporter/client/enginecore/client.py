@@ -166,7 +166,7 @@ class EngineCoreClient:
         self.observations.add_source(
             CLIENT_COUNT,
             lambda: client_counts(
-                {**self.transport.counters(), LATE_REPLIES: self.late.counts}, "transport"
+                {**self.transport.counters(), LATE_REPLIES: self._late_counts()}, "transport"
             ),
         )
 
@@ -246,6 +246,10 @@ class EngineCoreClient:
 
     def _disconnected(self, engine_index: int, error: str) -> EngineOutcome:
         return EngineOutcome(self._label(engine_index), Outcome.DISCONNECTED, error=error)
+
+    def _late_counts(self) -> dict[str, int]:
+        """Each engine's late replies, 0 for every engine known (a series starts at 0)."""
+        return {**dict.fromkeys(self.engine_labels, 0), **self.late.counts}
 
     def _allocate_id(self) -> int:
         call_id = self._next_id

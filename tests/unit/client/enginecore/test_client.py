@@ -135,7 +135,7 @@ async def test_a_reply_to_a_call_given_up_on_is_late_not_unknown_and_the_memory_
     assert not c.on_output(1, EngineOutput(1, UtilityReply(third, None, True)))  # answered
     assert c.late.counts == {"2": 2} and faults.counts == {"unknown_call_id": 2}
     counted = counters_of(c.observations)
-    assert counted[LATE_REPLIES] == {"2": 2}
+    assert counted[LATE_REPLIES] == {"0": 0, "1": 0, "2": 2}  # every engine from 0
 
 
 async def test_a_failure_reply_is_failed_and_a_shutdown_is_flagged() -> None:
