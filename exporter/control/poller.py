@@ -22,18 +22,22 @@ from exporter.client.fleet import (
     late_answers_allowed,
 )
 from exporter.client.observe import elastic_ep_reads
-from exporter.control.fleetread import ALL_METHODS, FleetRead, FleetReading
-from exporter.fleetstate.activity import hung_after_s, is_stalled
-from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState, aggregate_consensus
+from exporter.control.build import (
+    CONSENSUS_METHODS,
+    PollInputs,
+    SnapshotRules,
+    answers_by_engine,
+    snapshot_steps,
+)
+from exporter.control.fleetread import ALL_METHODS, FleetRead
+from exporter.fleetstate.activity import hung_after_s
+from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
-from exporter.fleetstate.invariants import INVARIANTS, SLEEPING, is_unsupported
-from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot, empty_snapshot
+from exporter.fleetstate.invariants import SLEEPING, is_unsupported
+from exporter.fleetstate.snapshot import FleetSnapshot, empty_snapshot
 from exporter.metrics.stats import Stats
-from exporter.protocol.progress import RankProgress
 
 log = logging.getLogger("exporter.poller")
-#: The reads with a fleet verdict (strict consensus); ``has_work`` is per rank only.
-CONSENSUS_METHODS = frozenset(inv.method for inv in INVARIANTS)
 
 #: Outcomes that are an answer from the engine (or HTTP target): they reset its hung clock.
 ANSWERED = frozenset({Outcome.OK, Outcome.FAILED, Outcome.INCONSISTENT})
@@ -170,15 +174,60 @@ class Poller:
         # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
         await asyncio.sleep(0)
         self._forget_gone(reading.known_after)  # the fan-out may have learnt other engines
-        snap = await run_steps_async(self._build_steps(results, reading, duration, self._wall()))
+        now = self._wall()
+        by_engine = answers_by_engine(results, reading.details)
+        # What the poller keeps across polls, moved once here; the snapshot is then built
+        # from values alone (``snapshot_steps``: pure).
+        clocks = await run_steps_async(self._clock_steps(by_engine, reading.details, now))
+        previous = self._snapshot.poll_number if self._snapshot else 0
+        inputs = PollInputs(
+            results,
+            by_engine,
+            reading.details,
+            reading.progress,
+            clocks,
+            {e: self.reader.unsupported_by(e) for e in reading.details},
+            {m: self.reader.unsupported_everywhere(m, reading.details) for m in results},
+            duration,
+            now,
+            previous + 1,
+        )
+        rules = SnapshotRules(
+            self.hung_after_s,
+            self.stall_after_s,
+            self._client.capabilities.fault_status,
+            self._client.capabilities.request_counts,
+            elastic_ep_reads(self._client.observations),
+        )
+        snap = await run_steps_async(snapshot_steps(inputs, rules))
         self._publish(snap, results)
         return snap
+
+    def _clock_steps(
+        self,
+        by_engine: Mapping[str, Mapping[str, EngineOutcome]],
+        details: Mapping[str, EngineDetail],
+        now: float,
+    ) -> Steps[dict[str, tuple[float | None, float]]]:
+        """Each engine's last successful answer and seconds without any answer, the poller's
+        records of both moved by this poll's answers, in steps of ``ENGINES_PER_STEP``."""
+        clocks = {}
+        for position, (engine, detail) in enumerate(details.items(), 1):
+            if every(position):
+                yield
+            answers = by_engine.get(engine, {})
+            sleeping = answers.get(SLEEPING.method)
+            if sleeping is not None and sleeping.ok:
+                self._last_success[engine] = now
+            silent = self._unresponsive(engine, detail, answers, now)
+            clocks[engine] = (self._last_success.get(engine), silent)
+        return clocks
 
     def _unresponsive(
         self,
         engine: str,
         detail: EngineDetail,
-        answers: dict[str, EngineOutcome],
+        answers: Mapping[str, EngineOutcome],
         now: float,
     ) -> float:
         """Seconds ``engine`` has been connected without answering any call (0 when it
@@ -207,89 +256,6 @@ class Poller:
         for engine in [e for e in self._last_answer if e not in current]:
             del self._last_answer[engine]
         self._stats.keep_engines(current)
-
-    def _build_steps(
-        self,
-        results: dict[str, list[EngineOutcome]],
-        reading: FleetReading,
-        duration: float,
-        now: float,
-    ) -> Steps[FleetSnapshot]:
-        """The poll's snapshot, in steps of ``ENGINES_PER_STEP`` engines."""
-        details, progress = reading.details, reading.progress or {}
-        by_engine: dict[str, dict[str, EngineOutcome]] = {engine: {} for engine in details}
-        for method, outcomes in results.items():
-            for o in outcomes:
-                by_engine.setdefault(o.engine, {})[method] = o
-        yield
-        engines = []
-        for position, (engine, detail) in enumerate(details.items(), 1):
-            if every(position):
-                yield
-            engines.append(
-                self._engine_snapshot(engine, detail, by_engine[engine], progress.get(engine), now)
-            )
-        verdicts = self._verdicts(results, details)
-        previous = self._snapshot.poll_number if self._snapshot else 0
-        return FleetSnapshot(
-            taken_at_unix=now,
-            poll_duration_s=duration,
-            engines=tuple(engines),
-            verdicts=verdicts,
-            expected=len(details),
-            connected=sum(1 for d in details.values() if d.connected),
-            poll_number=previous + 1,
-            fault_tolerance_known=self._client.capabilities.fault_status,
-            request_counts_known=self._client.capabilities.request_counts,
-            elastic_ep=elastic_ep_reads(self._client.observations),
-            progress_known=reading.progress is not None,
-        )
-
-    def _engine_snapshot(
-        self,
-        engine: str,
-        detail: EngineDetail,
-        answers: dict[str, EngineOutcome],
-        made: RankProgress | None,
-        now: float,
-    ) -> EngineSnapshot:
-        """One engine of this poll: its answers, how long it has been silent, its progress."""
-        sleeping = answers.get(SLEEPING.method)
-        if sleeping is not None and sleeping.ok:
-            self._last_success[engine] = now
-        silent = self._unresponsive(engine, detail, answers, now)
-        snapshot = EngineSnapshot(
-            engine,
-            detail,
-            answers,
-            self._last_success.get(engine),
-            self.reader.unsupported_by(engine),
-            unresponsive_s=silent,
-            hung=silent >= self.hung_after_s,
-            progress=made,
-            progress_age_s=None if made is None else made.age_s(now),
-        )
-        if is_stalled(snapshot, made, now, self.stall_after_s):
-            return dataclasses.replace(snapshot, stalled=True)
-        return snapshot
-
-    def _verdicts(
-        self, results: dict[str, list[EngineOutcome]], details: Mapping[str, EngineDetail]
-    ) -> dict[str, ConsensusVerdict]:
-        """The fleet's verdict of each consensus method this poll read."""
-        verdicts = {}
-        for method, outcomes in results.items():
-            if method not in CONSENSUS_METHODS:  # ranks differ in their work by design
-                continue
-            everywhere = self.reader.unsupported_everywhere(method, details)
-            # Unsupported by every engine: unknown, without the "no results" error that an
-            # empty fleet gets.
-            verdicts[method] = (
-                ConsensusVerdict(method, FleetState.UNKNOWN)
-                if everywhere and not outcomes
-                else aggregate_consensus(method, outcomes)
-            )
-        return verdicts
 
     def _publish(self, snap: FleetSnapshot, results: dict[str, list[EngineOutcome]]) -> None:
         stats = self._stats  # the calls themselves are counted by the client (CountedFleet)
