@@ -486,40 +486,41 @@ class TestPluginInVllmServe:
     ) -> None:
         """vLLM loads the package's stat-logger plugin beside the endpoint plugin: after a
         completion, the rank whose own ``vllm:generation_tokens_total`` grew shows that many
-        more computed tokens in ``/dp/status`` (prompt plus generated, source ``stat_logger``)
-        and on ``vllm_dp_engine_progress_tokens_total``, the other rank none; no rank is
-        stalled. Two API servers here: each counts its own requests' tokens, ``/dp/status`` is
-        the answering one's, the series sum both (the share, about a second behind)."""
+        more computed tokens on ``vllm_dp_engine_progress_tokens_total``, the other rank none;
+        every rank's ``/dp/status`` progress comes from the stat logger and none is stalled.
+        Two API servers here: each counts its own requests' tokens (``/dp/status`` is the
+        answering one's view), the series sum both (the share, about a second behind), so
+        the counts compared are the series'."""
         endpoint, url = served.endpoint, served.api_url
+        doc = endpoint.status()
+        assert all(e["progress"]["source"] == "stat_logger" for e in doc["engines"]), doc
+        assert all(e["state"] != "stalled" for e in doc["engines"]), doc["engines"]
 
-        def tokens() -> dict[str, int]:
-            doc = endpoint.status()
-            found = {str(e["engine"]): e["progress"] for e in doc["engines"]}
-            assert all(p is not None and p["source"] == "stat_logger" for p in found.values()), (
-                found
-            )
-            assert all(e["state"] != "stalled" for e in doc["engines"]), doc["engines"]
-            return {e: int(p["tokens"]) for e, p in found.items()}
+        def summed() -> dict[str, float]:
+            scrape = endpoint.scrape()
+            return {
+                e: scrape.value("vllm_dp_engine_progress_tokens_total", engine=e) or 0.0
+                for e in ENGINES
+            }
 
-        before, generated = tokens(), front_end_generated(url)
+        def steady() -> dict[str, float] | None:  # earlier scenarios' tokens all shared
+            first = summed()
+            time.sleep(1.5)
+            return first if summed() == first else None
+
+        before = web.wait_for(steady, 30, "the progress series steady")
+        generated = front_end_generated(url)
         assert complete(url, PROMPT, 32)["usage"]["completion_tokens"] == 32
         grew = {e: n - generated.get(e, 0.0) for e, n in front_end_generated(url).items()}
         busy = [e for e, n in grew.items() if n >= 32]
         assert len(busy) == 1, grew  # one rank generated it
 
-        def moved() -> dict[str, int] | None:
-            now = tokens()
+        def moved() -> dict[str, float] | None:
+            now = summed()
             return now if now[busy[0]] >= before[busy[0]] + 32 else None
 
-        after = web.wait_for(moved, 20, "the generating rank's progress")
-        idle = [e for e in after if e != busy[0]]
-        assert all(after[e] == before[e] for e in idle), (before, after)
-
-        def summed() -> float | None:  # every API server's count (the share, ~1 s behind)
-            value = endpoint.scrape().value("vllm_dp_engine_progress_tokens_total", engine=busy[0])
-            return value if value is not None and value >= before[busy[0]] + 32 else None
-
-        web.wait_for(summed, 20, "the generating rank's vllm_dp_engine_progress_tokens_total")
+        after = web.wait_for(moved, 20, "the generating rank's progress series")
+        assert all(after[e] == before[e] for e in ENGINES if e != busy[0]), (before, after)
         print(f"scenario 13a (in-process): rank {busy[0]} {before} -> {after}, vLLM's {grew}")
 
     @pytest.mark.vllm_needs("has_work", "pause_scheduler", "resume_scheduler")
