@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import msgspec
@@ -55,16 +56,23 @@ def counts_text(counts: RequestCounts | None) -> str:
     return "" if counts is None else f" (running {counts.running}, waiting {counts.waiting})"
 
 
-def read_count(value: Any) -> int | None:
-    """A request count, or None when ``value`` is not one (bools, NaN, negatives, fractions,
-    anything above :data:`MAX_REQUESTS`)."""
+def read_whole(value: Any, maximum: int) -> int | None:
+    """A whole number from 0 to ``maximum`` (an int, or a float with no fraction), or None for
+    anything else: bools, NaN, infinities, negatives, fractions, strings, past ``maximum``.
+    The one rule every count a peer sends is read by (requests, tokens)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
             return None
         value = int(value)
-    return value if 0 <= value <= MAX_REQUESTS else None
+    return value if 0 <= value <= maximum else None
+
+
+def read_count(value: Any) -> int | None:
+    """A request count, or None when ``value`` is not one (``read_whole`` up to
+    :data:`MAX_REQUESTS`)."""
+    return read_whole(value, MAX_REQUESTS)
 
 
 def read_counts(running: Any, waiting: Any) -> RequestCounts | None:
@@ -113,6 +121,35 @@ def read_activity_json(value: Any) -> RequestCounts | None:
     return read_counts(value.get("running"), value.get("waiting"))
 
 
+def engine_samples(
+    text: str, families: Collection[str], prefix: str
+) -> Iterator[tuple[str, int | None, str]]:
+    """Each line of vLLM's ``/metrics`` exposition of one of ``families`` that carries labels:
+    (family, the rank its ``engine`` label names, or None when it names none readable, the text
+    after the labels). Only lines starting with ``prefix`` and at most ``MAX_METRICS_LINE``
+    long are looked at (a longer one is skipped, never parsed); one pass, no regex over the
+    whole body."""
+    for line in text.splitlines():
+        if not line.startswith(prefix) or len(line) > MAX_METRICS_LINE:
+            continue
+        name, brace, rest = line.partition("{")
+        if name not in families or not brace:
+            continue
+        labels, close, sample = rest.partition("}")
+        match = _ENGINE_LABEL.search(labels) if close else None
+        yield name, (int(match.group(1)) if match else None), sample
+
+
+def sample_value(sample: str, maximum: int) -> int | None:
+    """One ``/metrics`` sample's value (the text after its labels) as a whole number up to
+    ``maximum`` (``read_whole``), or None when it is not one."""
+    fields = sample.split()
+    try:
+        return read_whole(float(fields[0]), maximum) if fields else None
+    except ValueError:
+        return None
+
+
 def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
     """Per-rank counts from vLLM's ``/metrics`` exposition: engine index → counts, for every
     rank with both series. None when the answer has neither family at all (a vLLM run with
@@ -121,23 +158,14 @@ def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
     rank that has only one of the two."""
     found: dict[str, dict[int, int | None]] = {"running": {}, "waiting": {}}
     seen = False
-    for line in text.splitlines():
-        if not line.startswith("vllm:num_requests_") or len(line) > MAX_METRICS_LINE:
-            continue
-        name, brace, rest = line.partition("{")
-        state = METRIC_STATES.get(name)
-        if state is None or not brace:
-            continue
+    for name, rank, sample in engine_samples(text, METRIC_STATES, "vllm:num_requests_"):
         seen = True
-        labels, close, sample = rest.partition("}")
-        match = _ENGINE_LABEL.search(labels)
-        if not close or match is None:
+        if rank is None:
             continue
-        rank = int(match.group(1))
-        per_state = found[state]
+        per_state = found[METRIC_STATES[name]]
         if rank not in per_state and len(per_state) >= MAX_RANKS:
             continue
-        value = _sample_count(sample)
+        value = sample_value(sample, MAX_REQUESTS)
         # Two API-server processes (or model names) may each publish a rank's series: their
         # sum is the rank's, of samples each checked first (3 and -3 are no idle 0).
         previous = per_state.get(rank, 0)
@@ -150,16 +178,6 @@ def metrics_counts(text: str) -> dict[int, RequestCounts] | None:
         if pair is not None:
             counts[rank] = pair
     return counts
-
-
-def _sample_count(sample: str) -> int | None:
-    """One ``/metrics`` sample's value (after its labels) as a count, or None when it is not
-    one (negative, NaN, infinite, fractional, huge, not a number)."""
-    fields = sample.split()
-    try:
-        return read_count(float(fields[0])) if fields else None
-    except ValueError:
-        return None
 
 
 def total_counts(counts: dict[int, RequestCounts]) -> RequestCounts:

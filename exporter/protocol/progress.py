@@ -17,20 +17,21 @@ receives; only the MoE DP engine sets it, for its coordinator), and a call to ``
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 import msgspec
 
+from exporter.protocol.activity import (
+    MAX_RANKS,
+    engine_samples,
+    read_whole,
+    sample_value,
+)
+
 #: The largest token count believed (a rank at a million tokens a second for 30 years).
 MAX_TOKENS = 10**15
 #: The ``/metrics`` counters that are a rank's computed tokens.
-TOKEN_FAMILIES = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-#: Longest ``/metrics`` line looked at, and most ranks one answer is read for.
-MAX_LINE = 4096
-MAX_RANKS = 1024
-_ENGINE_LABEL = re.compile(r'(?:^|,)\s*engine="([0-9]{1,6})"')
+TOKEN_FAMILIES = frozenset({"vllm:prompt_tokens_total", "vllm:generation_tokens_total"})
 
 
 class RankProgress(msgspec.Struct, frozen=True):
@@ -59,15 +60,9 @@ class RankProgress(msgspec.Struct, frozen=True):
 
 
 def read_tokens(value: Any) -> int | None:
-    """A token count, or None when ``value`` is not one (bools, NaN, negatives, fractions,
-    anything above :data:`MAX_TOKENS`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            return None
-        value = int(value)
-    return value if 0 <= value <= MAX_TOKENS else None
+    """A token count, or None when ``value`` is not one (``read_whole`` up to
+    :data:`MAX_TOKENS`)."""
+    return read_whole(value, MAX_TOKENS)
 
 
 def metrics_tokens(text: str) -> dict[int, int | None] | None:
@@ -77,25 +72,11 @@ def metrics_tokens(text: str) -> dict[int, int | None] | None:
     there (``--disable-log-stats``: unknown). Ranks past :data:`MAX_RANKS` are not read."""
     found: dict[int, int | None] = {}
     seen = False
-    for line in text.splitlines():
-        if not line.startswith("vllm:") or len(line) > MAX_LINE:
-            continue
-        name, brace, rest = line.partition("{")
-        if name not in TOKEN_FAMILIES or not brace:
-            continue
+    for _, rank, sample in engine_samples(text, TOKEN_FAMILIES, "vllm:"):
         seen = True
-        labels, close, sample = rest.partition("}")
-        match = _ENGINE_LABEL.search(labels)
-        if not close or match is None:
+        if rank is None or (rank not in found and len(found) >= MAX_RANKS):
             continue
-        rank = int(match.group(1))
-        if rank not in found and len(found) >= MAX_RANKS:
-            continue
-        fields = sample.split()
-        try:
-            value = read_tokens(float(fields[0])) if fields else None
-        except ValueError:
-            value = None
+        value = sample_value(sample, MAX_TOKENS)
         previous = found.get(rank, 0)
         total = None if value is None or previous is None else previous + value
         found[rank] = total if total is not None and total <= MAX_TOKENS else None

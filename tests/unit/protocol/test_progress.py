@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from exporter.protocol.activity import MAX_METRICS_LINE as MAX_LINE
 from exporter.protocol.progress import (
-    MAX_LINE,
     MAX_TOKENS,
     ProgressClock,
     RankProgress,
