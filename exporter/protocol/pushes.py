@@ -58,7 +58,8 @@ UNREADABLE = "unreadable status: "
 #: (control characters escaped), and the most that repr may take.
 MAX_OTHER_STATUS = 64
 #: vLLM 0.34's ``mask`` of an ``unhealthy`` push (the union of its workers' all2all masks, one
-#: bit per rank): entries read at most, and shown at most in ``fault_info``.
+#: int32 per rank, 0 or 1 in practice): entries read at most, and shown at most in
+#: ``fault_info``.
 MAX_MASK = 65536
 MASK_SHOWN = 64
 #: The front end's own recovery state of a rank (vLLM 0.34's ``ft_state`` in its cached entry).
@@ -148,20 +149,26 @@ def read_rank_status(value: Any, rank: int) -> RankStatus:
 
 
 def _mask_text(mask: Any) -> str | None:
-    """vLLM 0.34's all2all ``mask`` as ``fault_info`` shows it: its bits as given (the first
-    ``MASK_SHOWN``, then how many in all); ``mask unreadable`` when it is not a list of 0/1
-    of at most ``MAX_MASK`` entries. None without one."""
+    """vLLM 0.34's all2all ``mask`` as ``fault_info`` shows it: its first ``MASK_SHOWN``
+    entries, then how many in all; a string of bits when every entry is 0 or 1, the numbers
+    otherwise (vLLM sends an int32 tensor's ``tolist()``: DeepEP fills it, the exporter does not
+    interpret it). ``mask unreadable`` when it is not a list of at most ``MAX_MASK`` int32
+    integers. None without one."""
     if mask is None:
         return None
     if (
         not isinstance(mask, list)
         or len(mask) > MAX_MASK
-        or not all(type(bit) is int and bit in (0, 1) for bit in mask)
+        or not all(type(v) is int and -(1 << 31) <= v < 1 << 31 for v in mask)
     ):
         return "mask unreadable"
-    bits = "".join(map(str, mask[:MASK_SHOWN]))
+    shown = mask[:MASK_SHOWN]
+    if all(v in (0, 1) for v in shown):
+        text = "".join(map(str, shown))
+    else:
+        text = "[" + ", ".join(map(str, shown)) + "]"
     more = f"... ({len(mask)} ranks)" if len(mask) > MASK_SHOWN else ""
-    return f"all2all mask {bits}{more}"
+    return f"all2all mask {text}{more}"
 
 
 def _front_end_text(state: Any) -> str | None:

@@ -90,7 +90,8 @@ def test_every_status_vllm_names_is_its_own_value(status: str) -> None:
         ([0, 1], "E; all2all mask 01"),
         ([], "E; all2all mask "),
         ([1] * (MASK_SHOWN + 1), "E; all2all mask " + "1" * MASK_SHOWN + "... (65 ranks)"),
-        ([0, 2], "E; mask unreadable"),
+        ([0, 2], "E; all2all mask [0, 2]"),  # an int32 tensor's values, not only bits
+        ([1 << 31], "E; mask unreadable"),
         ([True], "E; mask unreadable"),
         ("0110", "E; mask unreadable"),
         ([0] * (MAX_MASK + 1), "E; mask unreadable"),
