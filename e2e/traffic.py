@@ -190,8 +190,9 @@ def paused_keeping_requests(
     verified action, straight to the engines.
 
     The pause may land late (a front end streaming a dozen generations on 2 cores sent it
-    40-60 s late), so it runs in the background and the block starts once the exporter
-    (``status``: its /status) sees every engine's scheduler paused, or the pause answers. The
+    after the generations had ended), so it runs in the background and the block starts once
+    the exporter (``status``: its /status) sees every engine's scheduler paused, or the pause
+    answers. The
     resume is sent only after the pause answered (a late pause would undo an earlier resume
     and leave the engines paused), then every engine is seen running again.
     """
