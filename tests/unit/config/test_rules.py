@@ -60,6 +60,14 @@ def test_unset_settings_are_not_checked_and_the_first_violation_names_its_flag()
     assert flag("verify_weights_timeout") == "--verify-weights-timeout"
 
 
+@pytest.mark.parametrize("bad", [-1.0, 86401.0, math.nan, math.inf])
+def test_stall_after_is_a_day_at_most_and_never_negative_or_non_finite(bad: float) -> None:
+    check_bounds({"stall_after": 0.0})  # 0: never stalled
+    check_bounds({"stall_after": 86400.0})
+    with pytest.raises(ConfigError, match="--stall-after must be at least 0 and at most 86400"):
+        check_bounds({"stall_after": bad})
+
+
 @pytest.mark.parametrize(
     ("value", "hint", "result"),
     [

@@ -65,6 +65,16 @@ def test_boolean_conditions_take_any_case_and_versions_are_bounded() -> None:
         parse_conditions({"weight_version": ["v" * 257]})
 
 
+@pytest.mark.parametrize("bad", ["yes", "", "2", "true ", "\u0661"])
+def test_inference_ready_is_a_boolean_like_every_other_state_condition(bad: str) -> None:
+    assert parse_conditions({"inference_ready": ["True"]}) == {"inference_ready": True}
+    with pytest.raises(GateRequestError, match="'inference_ready' must be true, false, 1 or 0"):
+        parse_conditions({"inference_ready": [bad]})
+    with pytest.raises(GateRequestError, match="given more than once"):
+        parse_conditions({"inference_ready": ["true", "true"]})
+    assert needed_methods({"inference_ready": True}) == {"is_sleeping", "is_inference_ready"}
+
+
 @pytest.mark.parametrize(
     ("conditions", "methods"),
     [
