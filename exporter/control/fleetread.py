@@ -43,7 +43,7 @@ class FleetReading:
     #: named other ranks in its answers).
     known_after: tuple[str, ...]
     #: Engine → its forward progress once the read ended (absent: unknown); None where the
-    #: mode has no source of it.
+    #: mode has no source of it, or the read was not asked for it (``read(progress=True)``).
     progress: Mapping[str, RankProgress] | None = None
 
 
@@ -62,11 +62,14 @@ class FleetRead:
     def unsupported_everywhere(self, method: str, engines: Collection[str]) -> bool:
         return bool(engines) and set(self._unsupported.get(method, ())) >= set(engines)
 
-    async def read(self, methods: Collection[str], timeout_s: float) -> FleetReading:
+    async def read(
+        self, methods: Collection[str], timeout_s: float, *, progress: bool = False
+    ) -> FleetReading:
         """Every method of ``methods`` the attach mode supports, on every engine, all calls
         sharing one deadline. An engine known not to have a method is not asked; its outcome
         says so (``is_unsupported``). The details are read before (whom to ask, and whether
-        it restarted) and once after the calls: the one read after a fan-out."""
+        it restarted) and once after the calls: the one read after a fan-out. ``progress``:
+        each engine's progress too (the poll's; a gate decides without it)."""
         client = self._client
         before = {d.engine: d for d in client.engine_details()}
         self._forget_restarted(before)
@@ -92,7 +95,7 @@ class FleetRead:
             tuple(before),
             {engine: after.get(engine, d) for engine, d in before.items()},
             tuple(client.engine_labels),
-            progress_of(client.observations),
+            progress_of(client.observations) if progress else None,
         )
 
     def _remember(

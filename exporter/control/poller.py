@@ -165,7 +165,7 @@ class Poller:
         # Beside the reads, never on their path: shown once it came (this poll or the next).
         self._client.observations.refresh(self.call_timeout_s)
         with late_answers_allowed():  # the poll's reads, never the gate's
-            reading = await self.reader.read(ALL_METHODS, self.call_timeout_s)
+            reading = await self.reader.read(ALL_METHODS, self.call_timeout_s, progress=True)
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
             for method, outcomes in reading.outcomes.items()

@@ -3,8 +3,11 @@ and its memory of what each engine said it does not have (over the in-memory ``F
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.client.fake import answers
 from exporter.client.fleet import Outcome
+from exporter.client.observe import PROGRESS, Observation, Observations
 from exporter.control.fleetread import KNOWN_UNSUPPORTED, FleetRead
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.pushes import FaultStatus
@@ -108,3 +111,21 @@ async def test_a_reading_carries_the_details_the_fan_out_left() -> None:
     assert reading.details["1"].fault_status == FaultStatus("unhealthy", "nccl timeout", 1.0)
     assert reading.details["0"].fault_status is None
     assert reading.known_after == ENGINES
+
+
+async def test_progress_is_read_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The poll reads each engine's progress with its fan-out; a gate decides without it."""
+    fleet = older_vllm_on("1")
+    asked: list[str] = []
+
+    def source() -> list[Observation]:
+        asked.append("read")
+        return []
+
+    board = Observations()
+    board.add_source(PROGRESS, source)
+    monkeypatch.setattr(ReportingFleet, "observations", property(lambda self: board))
+    assert (await FleetRead(fleet).read({"is_sleeping"}, 1.0)).progress is None
+    assert asked == []
+    assert (await FleetRead(fleet).read({"is_sleeping"}, 1.0, progress=True)).progress == {}
+    assert asked == ["read"]

@@ -72,7 +72,8 @@ def test_inference_ready_is_a_boolean_like_every_other_state_condition(bad: str)
         parse_conditions({"inference_ready": [bad]})
     with pytest.raises(GateRequestError, match="given more than once"):
         parse_conditions({"inference_ready": ["true", "true"]})
-    assert needed_methods({"inference_ready": True}) == {"is_sleeping", "is_inference_ready"}
+    wanted = needed_methods({"inference_ready": True})
+    assert wanted == frozenset({"is_sleeping", "is_inference_ready"})
 
 
 @pytest.mark.parametrize(
