@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -84,10 +85,10 @@ class SimApiServer(ApiRoutes):
         self.elastic_ep = SimElasticEp()
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
-        #: (method, path with query) of every request answered, in order, once its handler's
-        #: answer was handed back to be sent (an aborted request has none): with ``requests``,
-        #: what tells a test that every request received has been answered.
-        self.answered: list[tuple[str, str]] = []
+        #: Path with query → requests answered, each once its handler's answer was handed
+        #: back to be sent (an aborted request has none): with ``requests``, what tells a test
+        #: that every request received has been answered. Counts: bounded by the paths asked.
+        self.answered: Counter[str] = Counter()
         self._connections: dict[Any, int] = {}
         self.aborted = 0
         #: The path of each request aborted (``reset_reused_connections``), in order.
@@ -182,7 +183,7 @@ class SimApiServer(ApiRoutes):
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client
         response = await self._answer(request, handler)
-        self.answered.append((request.method, request.path_qs))
+        self.answered[request.path_qs] += 1
         return response
 
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -122,7 +122,8 @@ class HttpKind(FleetKind):
         return self._calls(i)
 
     def answered(self, i: int) -> int:
-        return sum(1 for _, path in self.servers[i].sim.answered if path not in SIDE_PATHS)
+        answered = self.servers[i].sim.answered
+        return sum(n for path, n in answered.items() if path not in SIDE_PATHS)
 
     def pending(self) -> int:
         return http_pending(self.http)
