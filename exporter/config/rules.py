@@ -226,6 +226,7 @@ BOUNDS: dict[str, Bound] = {
     "action_timeout": Bound(0, HOUR, low_open=True),
     "verify_weights_timeout": Bound(0, HOUR, low_open=True),
     "gate_min_interval": Bound(0, 60),
+    "max_watchers": Bound(0, 1024),
     "hung_after": Bound(0, DAY),
     "stall_after": Bound(0, DAY),
 }

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from exporter.base.logs import (
     log_format_value,
     log_level_value,
 )
+from exporter.config.options import OPTIONS, parse_switch
 from exporter.config.rules import (
     HIGHEST_PORT,
     check_bounds,
@@ -43,16 +44,6 @@ from exporter.config.webconfig import WebConfig, load_web_config
 from exporter.error import ConfigError
 
 ENV_PREFIX = "VLLM_DP_EXPORTER_"
-
-
-def parse_switch(text: str) -> bool:
-    """A boolean setting's text: true/false, 1/0, yes/no, on/off (any case)."""
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
 
 
 #: An engine waits 5 minutes for INIT from the moment it sent HELLO. The relay drops a HELLO
@@ -94,6 +85,10 @@ class ServeConfig:
     action_timeout: float = 60.0
     verify_weights_timeout: float = 300.0
     gate_min_interval: float = 0.2
+    #: ``GET /watch`` connections at once (0: the feed refuses every one).
+    max_watchers: int = 16
+    #: ``tcp://HOST:BASE``: each rank's load on its own ZMQ PUB socket (None: off).
+    load_publisher: str | None = None
     #: Seconds without any answer, connection alive, before a rank is hung (0: automatic).
     hung_after: float = 0.0
     #: Seconds a rank holding requests may compute no token before it is stalled (0: never).
@@ -126,83 +121,19 @@ class ServeConfig:
         return parse_host_port(self.listen, "listen")
 
     @property
+    def load_publisher_host_port(self) -> tuple[str, int] | None:
+        """``--load-publisher``'s host and base port (None: off)."""
+        if self.load_publisher is None:
+            return None
+        return parse_host_port(self.load_publisher.removeprefix("tcp://"), "load-publisher")
+
+    @property
     def admin_host_port(self) -> tuple[str, int] | None:
         if self.admin_listen in ("", "off", "none"):
             return None
         return parse_host_port(self.admin_listen, "admin-listen")
 
 
-#: (field, type converter, help). Each becomes ``--field-name`` and ``VLLM_DP_EXPORTER_FIELD_NAME``.
-OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
-    ("attach", str, "owner (own the engines' handshake), relay, or http"),
-    ("engine_count", int, "number of DP engines to attach to (owner/relay)"),
-    (
-        "handshake_address",
-        str,
-        "tcp://HOST:PORT the engines dial (--data-parallel-address/-rpc-port)",
-    ),
-    ("start_rank", int, "first engine index (DP rank) of this group"),
-    ("advertise_host", str, "host the engines use to reach the exporter's input/output sockets"),
-    ("bind_host", str, "host to bind the input/output sockets on (default: advertise host)"),
-    ("fixed_base_port", int, "bind input at PORT and engine i's output at PORT+1+i (reattach)"),
-    ("upstream_handshake_address", str, "relay mode: the vLLM front end's handshake address"),
-    (
-        "state_file",
-        str,
-        "where to remember engines (slots, vLLM versions) across exporter restarts",
-    ),
-    (
-        "relay_upstream_timeout",
-        float,
-        "relay mode: seconds to wait for the front end's INIT (engines give up after 300)",
-    ),
-    ("http_target", str, "http mode: a vLLM API server URL, optionally NAME=URL (repeatable)"),
-    ("http_targets_file", str, "http mode: file with one target per line"),
-    ("http_token_file", str, "http mode: bearer token for the targets"),
-    ("listen", str, "HOST:PORT of /metrics, /status, /healthz, /readyz"),
-    ("admin_listen", str, "HOST:PORT of the admin endpoint ('off' to disable)"),
-    ("admin_token_file", str, "file holding the admin bearer token"),
-    ("poll_interval", float, "seconds between polls"),
-    ("call_timeout", float, "seconds to wait for one engine's utility reply"),
-    ("poll_jitter", float, "poll interval jitter as a fraction (0.1 = ±10%%)"),
-    ("model_name", str, "adds a model_name label to every series"),
-    ("reset_min_interval", float, "minimum seconds between two prefix-cache resets"),
-    ("reset_timeout", float, "seconds to wait for reset replies (default: call timeout)"),
-    ("shutdown_grace", float, "seconds an in-flight admin reset may take at shutdown"),
-    (
-        "action_timeout",
-        float,
-        "seconds to wait for an admin action's replies and its read-back (sleep, wake_up, ...)",
-    ),
-    ("verify_weights_timeout", float, "seconds to wait for every engine's weight checksums"),
-    ("gate_min_interval", float, "GET /gate runs at most one fresh fan-out this often (seconds)"),
-    (
-        "hung_after",
-        float,
-        "a connected rank that answered nothing for this long is hung (seconds; 0: three poll "
-        "intervals, at least the call timeout)",
-    ),
-    (
-        "stall_after",
-        float,
-        "a rank that holds requests, answers and says it has work, but computed no token for "
-        "this long is stalled (seconds; above the longest prefill a rank runs; 0: never)",
-    ),
-    (
-        "relay_allow_state_changes",
-        parse_switch,
-        "relay mode: allow sleep/wake_up/pause/resume/weight_version beside the front end",
-    ),
-    (
-        "web_config_file",
-        str,
-        "exporter-toolkit web configuration (TLS, basic auth) for both listeners: docs/security.md",
-    ),
-    ("log_level", log_level_value, "log level"),
-    ("log_format", log_format_value, "log format"),
-    ("event_loop", event_loop_value, "auto (uvloop when installed), uvloop, or asyncio"),
-    ("config", str, "config file (JSON, or TOML on Python 3.11+)"),
-)
 #: Set on the command line by ``exporter.base.logs.add_logging_arguments`` (any subcommand).
 LOGGING_OPTIONS = ("log_level", "log_format")
 #: Fields filled by ``validate`` from other settings, never set directly.
@@ -333,6 +264,7 @@ def validate(config: ServeConfig) -> ServeConfig:
         raise ConfigError(f"--attach must be owner, relay or http, got {c.attach!r}")
     check_bounds({f.name: getattr(c, f.name) for f in fields(c)})
     _check_engine_facing(c)
+    _check_load_publisher(c)
     file_targets, http_token = _http_files(c)
     c.listen_host_port  # noqa: B018 - validates
     logging_values = _logging_values(c)
@@ -378,6 +310,19 @@ def _check_engine_facing(c: ServeConfig) -> None:
         raise ConfigError("--attach relay needs --upstream-handshake-address")
     if c.attach == "http" and not (c.http_target or c.http_targets_file):
         raise ConfigError("--attach http needs --http-target URL or --http-targets-file")
+
+
+def _check_load_publisher(c: ServeConfig) -> None:
+    """``--load-publisher tcp://HOST:BASE``: a host and a base port (rank r binds BASE + r);
+    off loopback only when the host is given as such (a router on another host)."""
+    if c.load_publisher is None:
+        return
+    text = c.load_publisher
+    if not text.startswith("tcp://"):  # SGLang's routers dial TCP
+        raise ConfigError(f"--load-publisher must be tcp://HOST:BASE, got {text[:80]!r}")
+    where = c.load_publisher_host_port
+    if where is not None and where[1] < 1:
+        raise ConfigError("--load-publisher: the base port must be at least 1")
 
 
 def _http_files(c: ServeConfig) -> tuple[tuple[str, ...], str | None]:

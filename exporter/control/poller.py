@@ -93,6 +93,9 @@ class Poller:
         self._republish_pending = False
         #: The fleet's state over the last hour (the status page's timeline).
         self.history = FleetHistory()
+        #: Called with every snapshot published (a poll, or a push republished): the feeds
+        #: (``exporter.feed``). A listener that raises is logged, never stops the poller.
+        self.listeners: list[Callable[[FleetSnapshot], None]] = []
         self._wake = asyncio.Event()
         self._polled = asyncio.Condition()
 
@@ -141,6 +144,14 @@ class Poller:
         )
         self._snapshot = dataclasses.replace(snap, engines=engines)
         self.republished += 1
+        self._announce(self._snapshot)
+
+    def _announce(self, snap: FleetSnapshot) -> None:
+        for listener in self.listeners:
+            try:
+                listener(snap)
+            except Exception:
+                log.exception("a snapshot listener failed")
 
     def poll_soon(self) -> None:
         """Cut the current wait short (an engine connected, a test wants a fresh poll)."""
@@ -270,6 +281,7 @@ class Poller:
             snap.expected,
         )
         self._snapshot = snap
+        self._announce(snap)
 
     def _warn_inconsistent(self, verdict: ConsensusVerdict) -> None:
         """One warning per method per ``log_interval_s``: a disagreement lasting for hours

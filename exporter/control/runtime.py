@@ -26,6 +26,7 @@ from exporter.control.counted import CountedFleet
 from exporter.control.gate import Gate
 from exporter.control.poller import Poller
 from exporter.control.runner import ActionParts
+from exporter.feed.hub import WatchHub
 from exporter.metrics.families import ExporterCollector, build_registry, self_collectors
 from exporter.metrics.negotiation import metrics_format
 from exporter.metrics.renderer import Form, Renderer
@@ -100,6 +101,9 @@ class Exporter:
             hung_after=config.hung_after,
             stall_after=config.stall_after,
         )
+        #: ``GET /watch``'s rows, changes and watchers (``exporter.feed``).
+        self.feed = WatchHub(lambda: self.poller.snapshot, max_watchers=config.max_watchers)
+        self.poller.listeners.append(self.feed.publish)
         self._build_registries()
         self.gate = Gate(
             self.fleet,
@@ -126,6 +130,7 @@ class Exporter:
             self.faults,
             model_name=self.config.model_name,
             client_counters=lambda: counters_of(self.client.observations),
+            feed=self.feed_figures,
         )
         #: This exporter's series only (what the lean text encoder renders too).
         self.registry: CollectorRegistry = build_registry(self.collector)
@@ -150,7 +155,22 @@ class Exporter:
             self.stats.generation,
             self.faults.generation,
             *(sum(counts.values()) for counts in counters_of(self.client.observations).values()),
+            *self.feed.counts.version(len(self.feed.watchers)),
         )
+
+    def feed_figures(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The feeds' series (``vllm_dp_watch*``)."""
+        counts = self.feed.counts
+        return {
+            "vllm_dp_watchers": {(): float(len(self.feed.watchers))},
+            "vllm_dp_watch_events_total": {(): float(counts.events)},
+            "vllm_dp_watch_dropped_total": {(): float(counts.dropped)},
+            "vllm_dp_watch_refused_total": {(): float(counts.refused)},
+        }
+
+    def feeds_json(self) -> dict[str, object]:
+        """The feeds in ``/status``: ``GET /watch`` and the ZMQ load publisher (null: off)."""
+        return {"watch": self.feed.status_json(), "load_publisher": None}
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:
         """The /metrics body for this Accept header (``renderer``: rendered once per state
@@ -181,5 +201,6 @@ class Exporter:
 
     async def stop(self) -> None:
         task, self._poll_task = self._poll_task, None
+        self.feed.close()
         await cancel_and_wait(task)
         await self.client.close()

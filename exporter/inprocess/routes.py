@@ -1,10 +1,11 @@
 """The plugin's routes on vLLM's own port, as ordinary FastAPI routes (in vLLM's OpenAPI).
 
 Under ``/dp/``: ``status`` (the ``/status`` document, same schema), the status page at ``/dp/``,
-``gate``, ``readyz``, ``kv_events_targets`` (the ``http_sd`` document of the service's
-``/kv_events_targets``) and ``POST /dp/admin/<action>`` for every admin action. And ``GET /metrics``
-replaces vLLM's own route (vLLM lets an endpoint plugin do so) with vLLM's series followed by
-the ``vllm_dp_*`` series: no new port, no new scrape configuration.
+``gate``, ``readyz``, ``watch`` (the feed of ``exporter.web.watch``), ``kv_events_targets``
+(the ``http_sd`` document of the service's ``/kv_events_targets``) and
+``POST /dp/admin/<action>`` for every admin action. And ``GET /metrics`` replaces vLLM's own
+route (vLLM lets an endpoint plugin do so) with vLLM's series followed by the ``vllm_dp_*``
+series: no new port, no new scrape configuration.
 
 vLLM's ``--api-key`` protects only ``/v1`` routes, so the admin routes refuse to run at all
 without the plugin's own token (``VLLM_DP_EXPORTER_ADMIN_TOKEN_FILE``); with it, they take the
@@ -23,15 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from multidict import CIMultiDict
 
 from exporter.base.steps import run_steps_async
 from exporter.control.actions import ACTIONS, ActionSpec
+from exporter.feed.hub import stream
 from exporter.inprocess.peer import FORWARDED_FOR, Peer, request_peer
 from exporter.inprocess.runtime import InProcessRuntime
 from exporter.web.admin import AdminHttpRequest
 from exporter.web.answers import READ_ROUTES, ReadRoute, RouteAnswer, json_answer, not_started
+from exporter.web.watch import STREAM_HEADERS, last_event_id, refused
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -108,6 +111,27 @@ class PluginHandlers:
             return _unavailable(self.runtime)
         return Response(body, media_type=None, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
+    async def watch(self, request: Request) -> Response:
+        """Every rank's row, then each change, as Server-Sent Events (docs/watch.md): the
+        hub's frames, encoded once per change, one write per watcher per wake-up."""
+        exporter = self.runtime.exporter
+        if exporter is None:
+            return _unavailable(self.runtime)
+        hub = exporter.feed
+        query = {k: request.query_params.getlist(k) for k in request.query_params}
+        watcher = hub.connect(last_event_id(request.headers, query))
+        if watcher is None:
+            return to_response(refused(hub))
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream(hub, watcher):
+                    yield chunk
+            finally:
+                hub.disconnect(watcher)
+
+        return StreamingResponse(frames(), headers=STREAM_HEADERS)
+
     async def healthz(self, request: Request) -> Response:
         """The plugin answers (the status page links here); /dp/readyz says whether it polls."""
         status = "ok" if self.runtime.exporter is not None else "not running"
@@ -150,6 +174,13 @@ def route_table(h: PluginHandlers) -> list[PluginRoute]:
         PluginRoute("GET", PREFIX, h.to_page, None),
         PluginRoute("GET", f"{PREFIX}/metrics", h.dp_metrics, "The vllm_dp_* series alone"),
         PluginRoute("GET", f"{PREFIX}/healthz", h.healthz, "The plugin answers"),
+        PluginRoute(
+            "GET",
+            f"{PREFIX}/watch",
+            h.watch,
+            "Every rank's row, then each change (Server-Sent Events)",
+            response_class=StreamingResponse,
+        ),
         PluginRoute(
             "GET", "/metrics", h.metrics, "vLLM's metrics and the per-engine vllm_dp_* series"
         ),

@@ -409,6 +409,27 @@ METRICS: tuple[MetricSpec, ...] = (
         "Engine handshakes relayed to the upstream front end, by result.",
         modes=("relay",),
     ),
+    MetricSpec("vllm_dp_watchers", "gauge", (), "Clients reading GET /watch now."),
+    MetricSpec(
+        "vllm_dp_watch_events_total",
+        "counter",
+        (),
+        "Rank rows that changed and were sent to GET /watch (one per change, whatever the "
+        "number of watchers).",
+    ),
+    MetricSpec(
+        "vllm_dp_watch_dropped_total",
+        "counter",
+        (),
+        "GET /watch clients dropped because they fell a whole queue behind (they resume "
+        "with Last-Event-ID).",
+    ),
+    MetricSpec(
+        "vllm_dp_watch_refused_total",
+        "counter",
+        (),
+        "GET /watch connections refused with 503 beyond --max-watchers.",
+    ),
     MetricSpec(
         "vllm_dp_late_replies_total",
         "counter",

@@ -89,6 +89,10 @@ class _Builder:
             fam.histograms.append(((*labels, *self.extra_values), buckets, total))
 
 
+#: The feeds' series (``exporter.feed``): name → label values → value.
+FeedFigures = Mapping[str, Mapping[Labels, float]]
+
+
 def _single(counts: Mapping[str, int]) -> dict[Labels, int]:
     return {(key,): value for key, value in counts.items()}
 
@@ -99,6 +103,7 @@ def family_steps(
     faults: ProtocolErrorTally,
     model_name: str | None = None,
     client_counters: ClientCounters | None = None,
+    feed: FeedFigures | None = None,
 ) -> Steps[list[Family]]:
     """Every series the exporter publishes now, in exposition order, in steps of
     ``ENGINES_PER_STEP`` engines (``exporter.base.steps``); ``client_counters`` are the attach
@@ -113,6 +118,8 @@ def family_steps(
     yield
     _fleet_rows(b, snap)
     yield from _counter_rows(b, stats, faults, counters)
+    for name, rows in (feed or {}).items():  # the feeds' own series (exporter.feed)
+        _rows(b, name, sorted(rows.items()))
     return b.families
 
 
@@ -315,12 +322,14 @@ class ExporterCollector(Collector):
         *,
         model_name: str | None = None,
         client_counters: Callable[[], ClientCounters] = dict,
+        feed: Callable[[], FeedFigures] = dict,
     ) -> None:
         self._snapshot = snapshot
         self._stats = stats
         self._faults = faults
         self._model_name = model_name
         self._client_counters = client_counters
+        self._feed = feed
 
     def families(self) -> list[Family]:
         return run_steps(self.family_steps())
@@ -334,6 +343,7 @@ class ExporterCollector(Collector):
             self._faults,
             self._model_name,
             self._client_counters(),
+            self._feed(),
         )
 
     def collect(self) -> Iterator[Metric]:

@@ -75,6 +75,7 @@ def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
         exporter.stats,
         poller.history,
         unexpected=unexpected_engines(exporter.client.observations),
+        feeds=exporter.feeds_json(),
     )
 
 

@@ -1,5 +1,6 @@
-"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, and the read routes of
-``exporter.web.answers`` (/status, ``/``, /gate, /readyz, /routable, /kv_events_targets).
+"""The HTTP service: ``create_app(config)`` → /metrics, /healthz, /watch (``exporter.web.watch``)
+and the read routes of ``exporter.web.answers`` (/status, ``/``, /gate, /readyz, /routable,
+/kv_events_targets).
 
 Background work (the attach client, the poller, the admin listener) lives in ``cleanup_ctx``, so
 a test can start and stop the whole service in-process with aiohttp's own runner.
@@ -23,6 +24,7 @@ from exporter.web.admin import ADMIN_SHUTDOWN_KEY, create_admin_app
 from exporter.web.answers import READ_ROUTES, ReadRoute, RouteAnswer, at_once
 from exporter.web.basicauth import protect
 from exporter.web.httpguard import BAD_REQUESTS_KEY, guarded_runner
+from exporter.web.watch import serve_watch
 
 log = logging.getLogger("exporter.server")
 
@@ -40,6 +42,11 @@ async def metrics(request: web.Request) -> web.Response:
     if use_gzip:
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    """Every rank's row, then each change, as Server-Sent Events (``exporter.web.watch``)."""
+    return await serve_watch(request, request.app[EXPORTER_KEY].feed)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -72,6 +79,7 @@ def create_app(config: ServeConfig, exporter: Exporter | None = None) -> web.App
     app.router.add_get("/healthz", healthz)
     for route in READ_ROUTES:  # the same answers as the plugin's under /dp
         app.router.add_get(route.path, read_handler(route))
+    app.router.add_get("/watch", watch)
     # --web-config-file: basic auth on every path but /healthz and /readyz (TLS: the site's).
     protect(app, config.web)
     app.cleanup_ctx.append(_run_exporter)

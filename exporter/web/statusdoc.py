@@ -327,6 +327,7 @@ def status_steps(
     history: FleetHistory | None = None,
     now: float | None = None,
     unexpected: Mapping[str, UnexpectedEngine] | None = None,
+    feeds: Mapping[str, Any] | None = None,
 ) -> Steps[dict[str, Any]]:
     """The ``/status`` document, in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
     the plugin builds it on vLLM's event loop."""
@@ -365,6 +366,7 @@ def status_steps(
         "elastic_ep_operations": elastic_ep_json(snap.elastic_ep),
         "last_membership_event": last_membership_json(snap),
         "unexpected_engines": unexpected_json(unexpected or {}),
+        "feeds": dict(feeds) if feeds is not None else {"watch": None, "load_publisher": None},
         "engines": engines,
         "last_action": last_action_json(stats.last_action if stats else None),
         "counters": counters_json(stats if stats is not None else Stats()),

@@ -22,11 +22,13 @@ PACKAGES: dict[str, set[str]] = {
     "client": {"error", "base", "protocol"},
     "fleetstate": {"error", "protocol", "client"},
     "metrics": {"error", "base", "client", "fleetstate"},
-    "control": {"error", "base", "protocol", "config", "client", "fleetstate", "metrics"},
-    "web": {"error", "base", "config", "client", "fleetstate", "metrics", "control"},
+    # Each rank's row pushed to routers (GET /watch, the ZMQ load publisher).
+    "feed": {"error", "base", "protocol", "client", "fleetstate"},
+    "control": {"error", "base", "protocol", "config", "client", "fleetstate", "metrics", "feed"},
+    "web": {"error", "base", "config", "client", "fleetstate", "metrics", "feed", "control"},
     "sim": {"error", "base", "protocol", "client"},
     # In-process mode's fronts (the vLLM endpoint plugin, the trainer API): what serve runs.
-    "inprocess": {"error", "base", "config", "client", "metrics", "control", "web"},
+    "inprocess": {"error", "base", "config", "client", "metrics", "feed", "control", "web"},
     # A client of the exporter's HTTP surface (ctl, the demo's trainer, training scripts): it
     # knows the exporter only through its answers, never its internals.
     "remote": {"error", "config"},

@@ -55,6 +55,7 @@ def test_the_app_serves_every_route_and_runs_the_exporter_in_its_cleanup_context
         "/gate",
         "/routable",
         "/kv_events_targets",
+        "/watch",
         "/",
     }
     assert app[EXPORTER_KEY] is exporter
