@@ -27,6 +27,7 @@ from exporter.control.gate import Gate
 from exporter.control.poller import Poller
 from exporter.control.runner import ActionParts
 from exporter.feed.hub import WatchHub
+from exporter.feed.publisher import LoadPublisher
 from exporter.metrics.families import ExporterCollector, build_registry, self_collectors
 from exporter.metrics.negotiation import metrics_format
 from exporter.metrics.renderer import Form, Renderer
@@ -104,6 +105,11 @@ class Exporter:
         #: ``GET /watch``'s rows, changes and watchers (``exporter.feed``).
         self.feed = WatchHub(lambda: self.poller.snapshot, max_watchers=config.max_watchers)
         self.poller.listeners.append(self.feed.publish)
+        where = config.load_publisher_host_port
+        #: ``--load-publisher``: each rank's load on ZMQ in SGLang's framing (None: off).
+        self.load_publisher = LoadPublisher(*where) if where is not None else None
+        if self.load_publisher is not None:
+            self.poller.listeners.append(self.load_publisher.publish)
         self._build_registries()
         self.gate = Gate(
             self.fleet,
@@ -120,6 +126,7 @@ class Exporter:
         for task in ("poller", "handshake") if handshakes else ("poller",):
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
+        self._load_task: asyncio.Task[None] | None = None
 
     def _build_registries(self) -> None:
         """The collector over the poller's snapshot, and the three registries rendered from it
@@ -156,21 +163,29 @@ class Exporter:
             self.faults.generation,
             *(sum(counts.values()) for counts in counters_of(self.client.observations).values()),
             *self.feed.counts.version(len(self.feed.watchers)),
+            *(self.load_publisher.version() if self.load_publisher is not None else ()),
         )
 
     def feed_figures(self) -> dict[str, dict[tuple[str, ...], float]]:
         """The feeds' series (``vllm_dp_watch*``)."""
         counts = self.feed.counts
-        return {
+        figures: dict[str, dict[tuple[str, ...], float]] = {
             "vllm_dp_watchers": {(): float(len(self.feed.watchers))},
             "vllm_dp_watch_events_total": {(): float(counts.events)},
             "vllm_dp_watch_dropped_total": {(): float(counts.dropped)},
             "vllm_dp_watch_refused_total": {(): float(counts.refused)},
         }
+        if self.load_publisher is not None:
+            figures.update(self.load_publisher.figures())
+        return figures
 
     def feeds_json(self) -> dict[str, object]:
         """The feeds in ``/status``: ``GET /watch`` and the ZMQ load publisher (null: off)."""
-        return {"watch": self.feed.status_json(), "load_publisher": None}
+        publisher = self.load_publisher
+        return {
+            "watch": self.feed.status_json(),
+            "load_publisher": publisher.status_json() if publisher is not None else None,
+        }
 
     def render_metrics(self, accept: str, use_gzip: bool) -> tuple[bytes, str]:
         """The /metrics body for this Accept header (``renderer``: rendered once per state
@@ -198,9 +213,14 @@ class Exporter:
     async def start(self) -> None:
         await self.client.start()
         self._poll_task = supervise("poller", self.poller.run, self.faults)
+        if self.load_publisher is not None:
+            self._load_task = supervise("load_publisher", self.load_publisher.run, self.faults)
 
     async def stop(self) -> None:
         task, self._poll_task = self._poll_task, None
         self.feed.close()
         await cancel_and_wait(task)
+        await cancel_and_wait(self._load_task)
+        if self.load_publisher is not None:
+            self.load_publisher.close()
         await self.client.close()

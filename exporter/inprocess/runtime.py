@@ -10,6 +10,7 @@ the routes answer 503 with it and vLLM serves on, never harmed by its monitor.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from argparse import Namespace
@@ -69,8 +70,13 @@ class InProcessRuntime:
             configure_embedded_logging(config.log_level, config.log_format)
         for warning in env_warnings(self._environ) + secret_file_warnings(config):
             log.warning("dp_exporter: %s", warning)
-        exporter = Exporter(config, vllm=core_of(engine_client))
         self.server = api_server(engine_client, args)
+        if config.load_publisher is not None and not self.server.leader:
+            # Rank r's port is one per deployment: API server 0 binds them, the others would
+            # find them taken.
+            log.info("dp_exporter: the load publisher runs in API server 0 only")
+            config = dataclasses.replace(config, load_publisher=None)
+        exporter = Exporter(config, vllm=core_of(engine_client))
         await exporter.start()
         admin = AdminController(
             exporter.action_parts(), audit=audit_with_peer

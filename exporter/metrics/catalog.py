@@ -431,6 +431,27 @@ METRICS: tuple[MetricSpec, ...] = (
         "GET /watch connections refused with 503 beyond --max-watchers.",
     ),
     MetricSpec(
+        "vllm_dp_load_messages_total",
+        "counter",
+        ("topic",),
+        "Messages the ZMQ load publisher (--load-publisher) handed to ZMQ, by topic (load, "
+        "rank_state): changes and the once-a-second re-sends.",
+    ),
+    MetricSpec(
+        "vllm_dp_load_send_failures_total",
+        "counter",
+        ("topic",),
+        "Load publisher sends that failed (never raised; what a slow subscriber loses at the "
+        "high-water mark is not counted: it sees the gap in seq).",
+    ),
+    MetricSpec(
+        "vllm_dp_load_bind_failures_total",
+        "counter",
+        (),
+        "Ranks whose load publisher port could not be bound (taken, not permitted, past "
+        "65535): logged once, shown in /status, the other ranks publish on.",
+    ),
+    MetricSpec(
         "vllm_dp_late_replies_total",
         "counter",
         ("engine",),

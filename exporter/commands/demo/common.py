@@ -234,6 +234,7 @@ async def serve_demo(
         f"  dashboard page  {scheme}://{shown}:{port}/",
         f"  metrics         {scheme}://{shown}:{port}/metrics",
         f"  status (JSON)   {scheme}://{shown}:{port}/status",
+        f"  per-rank feed   {scheme}://{shown}:{port}/watch  (curl -N; or ctl watch)",
     ]
     if config.web is not None:
         lines.append(f"  web config      {config.web.path}")

@@ -207,6 +207,7 @@ async def test_where_to_look_and_the_trainer(
         "  dashboard page  http://127.0.0.1:9400/",
         "  metrics         http://127.0.0.1:9400/metrics",
         "  status (JSON)   http://127.0.0.1:9400/status",
+        "  per-rank feed   http://127.0.0.1:9400/watch  (curl -N; or ctl watch)",
         '  admin reset     curl -X POST -H "Authorization: Bearer $(cat /run/tok)" '
         "http://[::1]:9401/admin/reset_prefix_cache",
     ]
@@ -219,7 +220,7 @@ async def test_a_blocked_trainer_is_not_started_and_says_why(
     config = ServeConfig(listen="10.0.0.5:9400", web=TLS)
     lines, loops = await demo_lines(monkeypatch, capsys, config, 5.0)
     assert lines[1] == "  dashboard page  https://10.0.0.5:9400/"
-    assert lines[4:] == [
+    assert lines[5:] == [
         "  web config      web.yml",
         "  admin reset     curl --cacert CA.crt -X POST https://127.0.0.1:19401/admin/reset_prefix_cache",
         "  demo resets     off: the web config serves TLS (the demo holds no client credentials)",
