@@ -18,10 +18,10 @@ from exporter.config.settings import (
     add_serve_arguments,
     is_loopback,
     parse_host_port,
-    parse_switch,
     resolve_config,
     secret_file_warnings,
 )
+from exporter.config.options import parse_switch
 from exporter.error import ConfigError
 
 OWNER: dict[str, Any] = {
