@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from exporter.config.options import parse_switch
 from exporter.config.settings import (
     ServeConfig,
     add_serve_arguments,
@@ -21,7 +22,6 @@ from exporter.config.settings import (
     resolve_config,
     secret_file_warnings,
 )
-from exporter.config.options import parse_switch
 from exporter.error import ConfigError
 
 OWNER: dict[str, Any] = {
