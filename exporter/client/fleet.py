@@ -28,7 +28,14 @@ from exporter.protocol.pushes import FaultStatus, MembershipEvent
 
 #: Read-only methods: the poller and the gate send only these.
 READ_METHODS = frozenset(
-    {"is_sleeping", "is_scheduler_paused", "get_weight_version", "has_work", "is_inference_ready"}
+    {
+        "is_sleeping",
+        "is_scheduler_paused",
+        "get_weight_version",
+        "has_work",
+        "is_inference_ready",
+        "checkpoint_state",
+    }
 )
 #: State-changing and expensive methods: sent only by an operator's admin request.
 ACTION_METHODS = frozenset(
@@ -42,6 +49,8 @@ ACTION_METHODS = frozenset(
         "resume_scheduler",
         "set_weight_version",
         "compute_weight_checksums",
+        "checkpoint_prepare",
+        "checkpoint_restore",
     }
 )
 #: Methods the exporter may send at all. Anything else could change an engine's state or kill

@@ -20,6 +20,8 @@ from exporter.config.settings import ServeConfig
 from exporter.control.parsing import (
     ActionRequest,
     Parser,
+    parse_checkpoint_prepare,
+    parse_checkpoint_restore,
     parse_pause,
     parse_reset,
     parse_resume,
@@ -71,7 +73,7 @@ class Fanout(Protocol):
 
 
 #: Methods an engine can only run when it was started with ``--enable-sleep-mode``.
-SLEEP_MODE_METHODS = frozenset({"sleep", "wake_up"})
+SLEEP_MODE_METHODS = frozenset({"sleep", "wake_up", "checkpoint_prepare", "checkpoint_restore"})
 NO_SLEEP_MODE = (
     "unsupported by this engine: it registered without sleep mode (vllm serve "
     "--enable-sleep-mode); not sent"
@@ -244,6 +246,13 @@ class ActionSpec:
     counts_as_reset: bool = False
     #: How the partial-failure warning names the action ("" → ``name``).
     log_name: str = ""
+    #: More paths below ``/admin/`` that run it (vLLM's own route names).
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path below ``/admin/`` that runs it: its name first."""
+        return (self.name, *self.aliases)
 
 
 ACTIONS: dict[str, ActionSpec] = {
@@ -275,5 +284,7 @@ ACTIONS: dict[str, ActionSpec] = {
             timeout=verify_weights_timeout,
             fanout=run_verify_weights,
         ),
+        ActionSpec("checkpoint_prepare", parse_checkpoint_prepare, aliases=("checkpoint/prepare",)),
+        ActionSpec("checkpoint_restore", parse_checkpoint_restore, aliases=("checkpoint/restore",)),
     )
 }

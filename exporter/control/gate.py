@@ -27,6 +27,7 @@ from exporter.control.fleetread import FleetRead
 from exporter.control.verdicts import UNSUPPORTED_STATUS
 from exporter.fleetstate.invariants import (
     BY_KEY,
+    CHECKPOINT,
     HAS_WORK,
     READS,
     SLEEPING,
@@ -34,6 +35,7 @@ from exporter.fleetstate.invariants import (
     is_unsupported,
 )
 from exporter.protocol.activity import RequestCounts, counts_text
+from exporter.protocol.checkpoint import GATE_STATES
 from exporter.protocol.pushes import FaultStatus
 
 
@@ -68,6 +70,12 @@ def parse_conditions(query: Mapping[str, list[str]]) -> dict[str, Any]:
                     f"condition {name!r} must be true, false, 1 or 0, got {raw!r}"
                 )
             conditions[name] = lowered in ("true", "1")
+        elif invariant is CHECKPOINT:
+            if raw not in GATE_STATES:
+                raise GateRequestError(
+                    f"condition {name!r} must be {' or '.join(GATE_STATES)}, got {raw[:64]!r}"
+                )
+            conditions[name] = raw
         else:
             if not raw or len(raw) > 256:
                 raise GateRequestError(f"condition {name!r} must be 1-256 characters")
@@ -155,11 +163,20 @@ def _engine_failures(
             failures.append(missing or invariant.key)
             continue
         values[invariant.key] = o.value
-        if invariant.key in conditions and o.value != conditions[invariant.key]:
-            failures.append(
-                f"{invariant.key} is {o.value!r}, expected {conditions[invariant.key]!r}"
-            )
+        wanted_value = conditions.get(invariant.key)
+        if invariant.key in conditions and invariant.state_of(o.value) != wanted_value:
+            failures.append(_mismatch(invariant, o.value, wanted_value))
     return failures, values
+
+
+def _mismatch(invariant: Invariant, value: Any, expected: Any) -> str:
+    """``"paused is True, expected False"``; a checkpoint names its state and error
+    (``"checkpoint is 'failed' (CUDA error), expected 'prepared'"``)."""
+    if invariant is CHECKPOINT:
+        state, error = value
+        why = f" ({error})" if error else ""
+        return f"{invariant.key} is {state!r}{why}, expected {expected!r}"
+    return f"{invariant.key} is {value!r}, expected {expected!r}"
 
 
 def _unanswered(invariant: Invariant, o: EngineOutcome | None) -> str | None:

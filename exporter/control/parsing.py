@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.fleetstate.invariants import PAUSED, SLEEPING, WEIGHT_VERSION, Invariant
+from exporter.fleetstate.invariants import CHECKPOINT, PAUSED, SLEEPING, WEIGHT_VERSION, Invariant
+from exporter.protocol.checkpoint import PREPARED, PREPARING, RESTORING, RUNNING
 from exporter.protocol.utility import PAUSE_MODES, reset_args
 
 WAKE_TAGS = ("weights", "kv_cache")
@@ -25,10 +26,23 @@ class BadActionRequest(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """Read ``invariant`` back on every engine after the call; it must equal ``expected``."""
+    """Read ``invariant`` back on every engine after the call; its state (``state_of``) must
+    equal ``expected``, or be one of them when ``expected`` is a frozenset."""
 
     invariant: Invariant
     expected: Any
+
+    def holds(self, value: Any) -> bool:
+        seen = self.invariant.state_of(value)
+        if isinstance(self.expected, frozenset):
+            return seen in self.expected
+        return bool(seen == self.expected)
+
+    def wanted(self) -> str:
+        """What ``expected`` is, as the unverified text names it."""
+        if isinstance(self.expected, frozenset):
+            return " or ".join(repr(v) for v in sorted(self.expected))
+        return repr(self.expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +56,9 @@ class ActionRequest:
     check: Check | None = None
     #: The engine's own answer must be ``True`` (``reset_prefix_cache``).
     expect_true: bool = False
+    #: The engine's own answer must be None: a string is its refusal, nothing changed
+    #: (vLLM 0.34's ``checkpoint_prepare``).
+    expect_none: bool = False
     #: Also read ``has_work`` back: it must be false (mode ``wait``: the pause answered once
     #: in-flight work finished, so work left is a request admitted meanwhile or a pause that
     #: returned early).
@@ -171,6 +188,37 @@ def parse_weight_version(query: Query, body: bytes) -> ActionRequest:
         (version,),
         {"weight_version": version},
         Check(WEIGHT_VERSION, version),
+    )
+
+
+def parse_checkpoint_prepare(query: Query, body: bytes) -> ActionRequest:
+    """vLLM 0.34's ``checkpoint_prepare(mode)``: drain with ``mode`` (vLLM's default ``wait``),
+    then release what a process checkpoint must not hold. It answers once started: the
+    read-back takes ``preparing`` or ``prepared`` (wait for ``GET /gate?checkpoint=prepared``)."""
+    q = _single(query, {"mode"})
+    _no_body(body, "checkpoint_prepare")
+    mode = _choice("mode", q.get("mode", "wait"), PAUSE_MODES)
+    return ActionRequest(
+        "checkpoint_prepare",
+        "checkpoint_prepare",
+        (mode,),
+        {"mode": mode},
+        Check(CHECKPOINT, frozenset({PREPARING, PREPARED})),
+        expect_none=True,
+    )
+
+
+def parse_checkpoint_restore(query: Query, body: bytes) -> ActionRequest:
+    """vLLM 0.34's ``checkpoint_restore()``: bring back what preparing released and serve; the
+    read-back takes ``restoring`` or ``running`` (a restore already done is a no-op)."""
+    _single(query, set())
+    _no_body(body, "checkpoint_restore")
+    return ActionRequest(
+        "checkpoint_restore",
+        "checkpoint_restore",
+        (),
+        {},
+        Check(CHECKPOINT, frozenset({RESTORING, RUNNING})),
     )
 
 

@@ -73,8 +73,14 @@ class ActionVerdict:
         return UNSUPPORTED_STATUS if self.outcome == "unsupported" else 502
 
 
-def call_reason(outcome: EngineOutcome, expect_true: bool) -> tuple[str | None, str | None]:
+def call_reason(
+    outcome: EngineOutcome, expect_true: bool, expect_none: bool = False
+) -> tuple[str | None, str | None]:
     """Why one engine's call did not succeed (reason, error); (None, None) when it did."""
+    if outcome.outcome is Outcome.OK and expect_none and outcome.value is not None:
+        value = outcome.value
+        text = value if isinstance(value, str) else f"unexpected result {value!r}"
+        return "refused", bound_text(text)
     if outcome.outcome is Outcome.OK:
         if expect_true and outcome.value is not True:
             if outcome.value is False:
@@ -118,7 +124,7 @@ def classify(
     results = []
     check = request.check
     for o in calls:
-        reason, error = call_reason(o, request.expect_true)
+        reason, error = call_reason(o, request.expect_true, request.expect_none)
         state = None
         if check is not None and readback is not None:
             back = readback.get(o.engine)
@@ -132,11 +138,10 @@ def classify(
                         else back.error or f"answered {bound_text(repr(back.value), 64)}"
                     )
                     reason, error = "unverified", f"could not read {check.invariant.method}: {why}"
-                elif state != check.expected:
+                elif not check.holds(state):
                     reason = "unverified"
                     error = (
-                        f"accepted, but {check.invariant.method} is {state!r}, "
-                        f"not {check.expected!r}"
+                        f"accepted, but {check.invariant.method} is {state!r}, not {check.wanted()}"
                     )
             if reason is None and request.check_drained and drain is not None:
                 left = drain_failure(drain.get(o.engine))

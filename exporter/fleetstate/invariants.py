@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.protocol.checkpoint import checkpoint_state_of, is_checkpoint
 from exporter.protocol.strings import bound_text
 
 #: What vLLM's dispatch answers for a method the engine does not have (docs/protocol.md C.3),
@@ -34,20 +35,36 @@ def _is_version(value: Any) -> bool:
     return value is None or isinstance(value, str)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Invariant:
-    """A polled invariant: its utility method, its short key (status, gate) and value type."""
+    """A polled invariant: its utility method, its short key (status, gate) and value type;
+    ``state_of`` is what of a value a condition or a read-back compares (the value itself, or
+    the state of a ``(state, error)`` pair)."""
 
     method: str
     key: str
     expected: str
     valid: Callable[[Any], bool]
+    state_of: Callable[[Any], Any] = _same
 
 
 SLEEPING = Invariant("is_sleeping", "sleeping", "a boolean", _is_bool)
 PAUSED = Invariant("is_scheduler_paused", "paused", "a boolean", _is_bool)
 WEIGHT_VERSION = Invariant("get_weight_version", "weight_version", "a string or null", _is_version)
-INVARIANTS: tuple[Invariant, ...] = (SLEEPING, PAUSED, WEIGHT_VERSION)
+#: vLLM 0.34's process-checkpoint state per engine: ``(state, error)``
+#: (``exporter.protocol.checkpoint``); older engines lack it (unsupported).
+CHECKPOINT = Invariant(
+    "checkpoint_state",
+    "checkpoint",
+    "a checkpoint state and its error",
+    is_checkpoint,
+    checkpoint_state_of,
+)
+INVARIANTS: tuple[Invariant, ...] = (SLEEPING, PAUSED, WEIGHT_VERSION, CHECKPOINT)
 #: Whether the engine should be stepped (vLLM's ``EngineCore.has_work``: requests in its
 #: scheduler, a batch queued, a DP wave running). Read every poll like the invariants, but not
 #: one: ranks differ in their work by design, so it has no fleet consensus.

@@ -187,11 +187,12 @@ def route_table(h: PluginHandlers) -> list[PluginRoute]:
         *(
             PluginRoute(
                 "POST",
-                f"{PREFIX}/admin/{spec.name}",
+                f"{PREFIX}/admin/{path}",
                 admin_route(h.runtime, spec),
-                f"Admin action {spec.name}",
+                f"Admin action {spec.name}" if path == spec.name else None,
             )
             for spec in ACTIONS.values()
+            for path in spec.paths
         ),
     ]
 

@@ -14,6 +14,9 @@ from exporter.metrics.labels import (
 from exporter.metrics.labels import (
     CALL_OUTCOMES as CALL_OUTCOMES,
 )
+from exporter.metrics.labels import (
+    CHECKPOINT_STATES as CHECKPOINT_STATES,
+)
 from exporter.metrics.labels import (  # re-exported: the catalog names its label values
     ENGINE_STATES as ENGINE_STATES,
 )
@@ -80,6 +83,14 @@ METRICS: tuple[MetricSpec, ...] = (
         ("engine",),
         "The engine's last is_scheduler_paused answer (1/0); absent while unknown or "
         "when the engine's vLLM version does not support it.",
+    ),
+    MetricSpec(
+        "vllm_dp_engine_checkpoint_state",
+        "gauge",
+        ("engine", "state"),
+        "1 for the engine's process-checkpoint state (running, preparing, prepared, restoring, "
+        "failed; vLLM 0.34's checkpoint_state), 0 for the others; absent for an engine that "
+        "lacks it (an older vLLM) or did not answer the last poll.",
     ),
     MetricSpec(
         "vllm_dp_engine_state",

@@ -32,10 +32,11 @@ from exporter.client.fleet import ELASTIC_EP_PHASES, ClientCounters, EngineDetai
 from exporter.client.pushes import FT_STATE_VALUES
 from exporter.fleetstate.activity import routability
 from exporter.fleetstate.aggregate import FleetState
-from exporter.fleetstate.invariants import WEIGHT_VERSION
+from exporter.fleetstate.invariants import CHECKPOINT, WEIGHT_VERSION
 from exporter.fleetstate.snapshot import FleetSnapshot
 from exporter.metrics.catalog import (
     BY_NAME,
+    CHECKPOINT_STATES,
     ENGINE_STATES,
     FLEET_STATES,
     INFO_FACTS,
@@ -136,6 +137,7 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
     last_ok = b.family("vllm_dp_engine_last_success_timestamp_seconds")
     info = b.family("vllm_dp_engine_info")
     weights = b.family("vllm_dp_engine_weight_version_info")
+    checkpoint = b.family("vllm_dp_engine_checkpoint_state")
     for position, e in enumerate(snap.engines, 1):
         if every(position):
             yield
@@ -164,6 +166,10 @@ def _engine_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:
             b.add(info, (e.engine, *info_labels(d)), 1.0)
         if e.known(WEIGHT_VERSION) and e.up:
             b.add(weights, (e.engine, e.weight_version or ""), 1.0)
+        if e.known(CHECKPOINT):
+            current = CHECKPOINT.state_of(e.value(CHECKPOINT))
+            for s in CHECKPOINT_STATES:
+                b.add(checkpoint, (e.engine, s), 1.0 if s == current else 0.0)
 
 
 def _progress_rows(b: _Builder, snap: FleetSnapshot) -> Steps[None]:

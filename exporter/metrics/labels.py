@@ -4,6 +4,8 @@ dashboard and the alert rules read them through ``exporter.metrics.catalog``).""
 from __future__ import annotations
 
 ENGINE_STATES = ("awake", "asleep", "paused", "stalled", "hung", "unknown")
+#: vLLM 0.34's process-checkpoint states (``exporter.protocol.checkpoint``).
+CHECKPOINT_STATES = ("running", "preparing", "prepared", "restoring", "failed")
 #: Registration facts shown as ``vllm_dp_engine_info`` labels: one series per engine whatever
 #: their values (a per-start ``instance_id`` is in /status only: it would add a series per
 #: restart).
@@ -35,4 +37,6 @@ ADMIN_ACTIONS = (
     "reset_mm_cache",
     "reset_encoder_cache",
     "verify_weights",
+    "checkpoint_prepare",
+    "checkpoint_restore",
 )

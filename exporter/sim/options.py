@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.protocol.utility import ABSENT
+from exporter.sim.checkpoint import SimCheckpoint, has_lifecycle
 from exporter.sim.state import EngineState
 
 
@@ -55,8 +56,11 @@ class SimOptions:
     supports_pause_query: bool = True  # False: no is_scheduler_paused (older vLLM)
     #: False: sleep leaves the scheduler running (vLLM's draft PR #53082).
     sleep_pauses: bool = True
+    #: The release it imitates: from "0.34.0" on it has the checkpoint lifecycle.
     vllm_version: str = "0.33.0"
     enable_sleep_mode: bool = True
+    #: 0.34: a checkpoint prepare ends ``failed`` with this error once drained.
+    checkpoint_fault: str | None = None
     handshake_timeout_s: float = 300.0
     story_period_s: float | None = None  # run the demo story (exporter.sim.story)
     story_offset: int = 0
@@ -105,6 +109,11 @@ class SimOptions:
             empty_params=frozenset(self.empty_params),
             ignore_state_changes=self.ignore_state_changes,
             missing_methods=frozenset(self.missing_methods),
+            checkpoint=(
+                SimCheckpoint(sleep_mode=self.enable_sleep_mode, fail_with=self.checkpoint_fault)
+                if has_lifecycle(self.vllm_version)
+                else None
+            ),
         )
 
 

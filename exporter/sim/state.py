@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exporter.protocol.utility import PAUSE_MODES
+from exporter.sim.checkpoint import (
+    PREPARED,
+    PREPARING,
+    RESTORING,
+    RUNNING,
+    SimCheckpoint,
+)
 from exporter.sim.work import DEMO_ARRIVAL_S, DEMO_REQUEST_S, Work
 
 if TYPE_CHECKING:  # the story module also holds its asyncio loop: the state machine stays pure
@@ -106,6 +113,8 @@ class EngineState:
     last_arrival: float | None = None
     #: The ``clear_cache`` the last ``pause_scheduler`` was sent (None: none yet).
     pause_clear_cache: bool | None = None
+    #: vLLM 0.34's process-checkpoint lifecycle (None: an older engine, without its methods).
+    checkpoint: SimCheckpoint | None = None
 
     @classmethod
     def initial(
@@ -124,6 +133,7 @@ class EngineState:
         empty_params: frozenset[str] = frozenset(),
         ignore_state_changes: bool = False,
         missing_methods: frozenset[str] = frozenset(),
+        checkpoint: SimCheckpoint | None = None,
     ) -> EngineState:
         """A fresh engine; ``sleeping`` means asleep at level 1 (every tag, scheduler paused)."""
         return cls(
@@ -140,6 +150,7 @@ class EngineState:
             empty_params=frozenset(empty_params),
             ignore_state_changes=ignore_state_changes,
             missing_methods=frozenset(missing_methods),
+            checkpoint=checkpoint,
         )
 
     # -- queries -------------------------------------------------------------------------------
@@ -183,6 +194,8 @@ class EngineState:
             work.paused = self.paused
             work.drain = work.drain and self.paused
         work.advance(now)
+        if self.checkpoint is not None:
+            self.checkpoint.tick(now)
 
     def get_weight_version(self) -> str | None:
         """The last version set with ``set_weight_version`` (None until one is set)."""
@@ -233,6 +246,8 @@ class EngineState:
         the pause when ``sleep_pauses`` is false)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"Invalid pause mode: {mode}")
+        if self.checkpoint is not None:
+            self.checkpoint.guard("sleep")
         deferred = self.pause_scheduler(mode, clear_cache=level >= 1) if self.sleep_pauses else None
         if level >= 1:
             self.sleeping_tags = set(ALL_TAGS)
@@ -243,6 +258,8 @@ class EngineState:
 
         Named tags that are not all asleep are ignored (a no-op), as is ``"scheduling"``.
         """
+        if self.checkpoint is not None:
+            self.checkpoint.guard("wake up", (RUNNING, RESTORING))
         wanted = set(self.sleeping_tags) if tags is None else {t for t in tags if t != "scheduling"}
         if wanted <= self.sleeping_tags:
             self.sleeping_tags -= wanted
@@ -266,6 +283,35 @@ class EngineState:
     def set_weight_version(self, version: str) -> None:
         self.weight_version = version
 
+    def checkpoint_state(self) -> list[str | None]:
+        assert self.checkpoint is not None  # only in methods() when there is one
+        return self.checkpoint.answer()
+
+    def checkpoint_prepare(self, mode: str = "wait") -> str | None:
+        """Drain with ``mode`` (the scheduler paused, caches kept), then ``prepared``; None
+        once started, or why not (nothing changed); a repeat is a no-op."""
+        cp = self.checkpoint
+        assert cp is not None
+        if cp.state in (PREPARING, PREPARED):
+            return None
+        refusal = cp.refusal(bool(self.sleeping_tags))
+        if refusal is not None:
+            return refusal
+        deferred = self.pause_scheduler(mode, clear_cache=False)  # raises for a bad mode
+        cp.start_prepare(self.now, deferred.delay_s if deferred is not None else 0.0)
+        return None
+
+    def checkpoint_restore(self) -> None:
+        """Bring back what preparing released and serve again; a repeat is a no-op."""
+        cp = self.checkpoint
+        assert cp is not None
+        if cp.state in (RUNNING, RESTORING):
+            return
+        if cp.state != PREPARED:
+            raise ValueError(f"Cannot restore while the checkpoint state is {cp.state}")
+        cp.state = RUNNING
+        self.resume_scheduler()
+
     # -- dispatch as EngineCoreProc does it ----------------------------------------------------
 
     def methods(self) -> dict[str, tuple[Callable[..., Any], int]]:
@@ -287,6 +333,10 @@ class EngineState:
         }
         if self.supports_pause_query:
             methods["is_scheduler_paused"] = (self.is_scheduler_paused, 0)
+        if self.checkpoint is not None:
+            methods["checkpoint_state"] = (self.checkpoint_state, 0)
+            methods["checkpoint_prepare"] = (self.checkpoint_prepare, 1)
+            methods["checkpoint_restore"] = (self.checkpoint_restore, 0)
         for name in self.missing_methods:
             methods.pop(name, None)
         return methods

@@ -383,7 +383,8 @@ def create_admin_app(
     app[ADMIN_KEY] = controller
     app[BAD_REQUESTS_KEY] = exporter.faults.http_listener("admin")
     for spec in ACTIONS.values():
-        app.router.add_post(f"/admin/{spec.name}", controller.route(spec))
+        for path in spec.paths:
+            app.router.add_post(f"/admin/{path}", controller.route(spec))
 
     async def shutdown() -> None:
         await controller.drain(exporter.config.shutdown_grace)

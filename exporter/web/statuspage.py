@@ -27,6 +27,7 @@ LABELS = {
     "is_sleeping": "Sleep state",
     "is_scheduler_paused": "Scheduler paused",
     "get_weight_version": "Weight version",
+    "checkpoint_state": "Checkpoint",
 }
 WORDS = {"consistent": "CONSISTENT", "inconsistent": "INCONSISTENT", "unknown": "UNKNOWN"}
 DISCONNECTED = " (disconnected)"

@@ -26,6 +26,7 @@ def awake(
         "is_scheduler_paused": False,
         "get_weight_version": version,
         "has_work": False,
+        "checkpoint_state": ["running", None],  # vLLM 0.34's
     }
     return {e: {**base, **(changed or {}).get(e, {})} for e in engines}
 

@@ -46,11 +46,12 @@ GATE_KEYS = {
     "is_sleeping": "sleeping",
     "is_scheduler_paused": "paused",
     "get_weight_version": "weight_version",
+    "checkpoint_state": "checkpoint",
     "has_work": "has_work",
 }
 #: Gate keys an older plugin does not answer: an entry without one (no value, no failure) is
 #: unsupported for it (``exporter.fleetstate.invariants.UNSUPPORTED_MARKERS``), not failed.
-LATER_KEYS = frozenset({"has_work"})
+LATER_KEYS = frozenset({"has_work", "checkpoint"})
 NOT_PUBLISHED = "not published by this server (a dp_exporter plugin without it)"
 #: Engines one plugin target may report (vLLM's ranks fit in two bytes).
 MAX_ENGINES = 1024

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.client.fleet import EngineOutcome, Outcome
+from exporter.client.http.checkpoint import CHECKPOINT_METHODS, interpret_checkpoint
 from exporter.client.http.consensus import MAX_INCONSISTENT_VALUES as MAX_INCONSISTENT_VALUES
 from exporter.client.http.consensus import parse_inconsistent as parse_inconsistent
 from exporter.protocol.activity import (
@@ -122,6 +123,8 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except ValueError:
         raise Unreadable(f"response is not JSON: {_snippet(body)}") from None
+    except RecursionError:  # nested past the decoder: one linear parse, then refused
+        raise Unreadable("response is nested too deeply to be an answer") from None
 
 
 def _field(body: bytes, key: str, missing: str | None = None) -> Any:
@@ -258,6 +261,10 @@ def interpret(
 
     if status == 404:
         return failed(DEV_MODE_OFF if method in DEV_MODE_METHODS else unsupported_error(method))
+    if method in CHECKPOINT_METHODS:  # each state has its own status, the state in the body
+        read = interpret_checkpoint(label, method, status, body, duration_s)
+        if read is not None:
+            return read
     message = _error_message(body)
     if status == 500 and message is not None:
         values = parse_inconsistent(message, method)

@@ -23,6 +23,9 @@ Mapping of the allow-listed utility methods (dev and RL routes, F.4; replies: ``
 * ``resume_scheduler()`` → ``POST /resume``.
 * ``set_weight_version(v)`` → ``POST /update_weight_version`` with JSON ``{"new_version": v}``.
 * ``compute_weight_checksums()`` → ``POST /weight_checker`` with JSON ``{"action": "checksum"}``.
+* ``checkpoint_state`` → ``GET /checkpoint/status``; ``checkpoint_prepare([mode])`` →
+  ``POST /checkpoint/prepare?mode=..``; ``checkpoint_restore()`` → ``POST /checkpoint/restore``
+  (vLLM 0.34 with ``--enable-sleep-mode``; ``exporter.client.http.checkpoint``).
 * ``has_work`` → ``GET /metrics`` (vLLM has no route for it; served without dev mode): the
   target's running and waiting requests, ``vllm:num_requests_running`` /
   ``vllm:num_requests_waiting`` summed over the ``engine`` labels it publishes, and ``has_work``
@@ -90,6 +93,8 @@ PLAIN_ROUTES = {
     "compute_weight_checksums": Route(
         "POST", "/weight_checker", body={"action": "checksum"}, limit=MAX_CHECKSUM_ANSWER
     ),
+    "checkpoint_state": Route("GET", "/checkpoint/status"),
+    "checkpoint_restore": Route("POST", "/checkpoint/restore"),
 }
 
 
@@ -149,6 +154,12 @@ def _pause_scheduler(args: tuple[Any, ...]) -> Route:
     return Route("POST", "/pause", query)
 
 
+def _checkpoint_prepare(args: tuple[Any, ...]) -> Route:
+    if len(args) > 1:
+        raise MethodNotAllowed("checkpoint_prepare takes ([mode])")
+    return Route("POST", "/checkpoint/prepare", [("mode", _mode(args[0] if args else "wait"))])
+
+
 def _set_weight_version(args: tuple[Any, ...]) -> Route:
     if len(args) != 1 or not isinstance(args[0], str):
         raise MethodNotAllowed("set_weight_version takes one string")
@@ -162,6 +173,7 @@ _BUILDERS: dict[str, Callable[[tuple[Any, ...]], Route]] = {
     "wake_up": _wake_up,
     "pause_scheduler": _pause_scheduler,
     "set_weight_version": _set_weight_version,
+    "checkpoint_prepare": _checkpoint_prepare,
 }
 
 

@@ -1,8 +1,8 @@
 "use strict";
 (function () {
-  var METHODS = ["is_sleeping", "is_scheduler_paused", "get_weight_version"];
+  var METHODS = ["is_sleeping", "is_scheduler_paused", "get_weight_version", "checkpoint_state"];
   var LABELS = {is_sleeping: "Sleep state", is_scheduler_paused: "Scheduler paused",
-    get_weight_version: "Weight version"};
+    get_weight_version: "Weight version", checkpoint_state: "Checkpoint"};
   var WORDS = {consistent: "CONSISTENT", inconsistent: "INCONSISTENT", unknown: "UNKNOWN"};
   var ICONS = {consistent: "\u2714", inconsistent: "\u2716", unknown: "?"};
   var SVG = "http://www.w3.org/2000/svg";

@@ -108,12 +108,15 @@ async def test_every_read_method_is_answered_by_every_engine(
         "get_weight_version": None,
         "has_work": False,
         "is_inference_ready": True,  # asked on demand only; HTTP mode has no route for it
+        "checkpoint_state": ["running", None],  # vLLM 0.34's; an older engine lacks it
     }
     assert set(expected) == READ_METHODS
     for method, value in expected.items():
         if method not in fleet_kind.client.capabilities.methods:
             continue
         outcomes = await timed_call(fleet_kind, method, ANSWER_S)
+        if method == "checkpoint_state" and all(is_unsupported(o) for o in outcomes):
+            continue  # simulated engines of an older vLLM (their default): unsupported
         assert [(o.outcome, o.value) for o in outcomes] == [(Outcome.OK, value)] * ENGINES, (
             method,
             outcomes,

@@ -75,7 +75,7 @@ async def test_an_engine_without_get_weight_version_is_unsupported_not_failing(
         m, "vllm_dp_utility_calls_total", method="get_weight_version", engine="1", outcome="failed"
     )
     status = await svc.status()
-    assert status["engines"][1]["unsupported"] == ["get_weight_version"]
+    assert status["engines"][1]["unsupported"] == ["checkpoint_state", "get_weight_version"]
 
 
 async def test_gate_holds_only_when_every_rank_meets_every_condition(

@@ -15,12 +15,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from exporter.base.ports import free_port_range
 from exporter.metrics.catalog import BY_NAME, METRICS, PREFIX, MetricSpec, sample_names
 from exporter.protocol.pushes import (
     EEP_NOTIFICATION_CALL_ID,
     FT_STATUS_CALL_ID,
     encode_ft_status_value,
 )
+from exporter.sim.options import SimOptions
 from exporter.sim.state import ALL_TAGS
 from tests.harness.processes import ROOT
 from tests.harness.scrape import metric_value as value
@@ -117,7 +119,11 @@ def families_with_samples(families: dict[str, Any]) -> set[str]:
 async def test_live_exporter_exports_every_catalog_and_design_metric(
     fleet_factory: ServiceFactory,
 ) -> None:
-    fleet = await fleet_factory(2)
+    # vLLM 0.34's engines (the checkpoint state) and the ZMQ load publisher on (its series).
+    publisher = f"tcp://127.0.0.1:{free_port_range(2)}"
+    fleet = await fleet_factory(
+        2, options=SimOptions(vllm_version="0.34.0"), load_publisher=publisher
+    )
     seen: set[str] = set()
     scraped: set[str] = set()
 

@@ -519,3 +519,11 @@ async def test_an_admin_action_lifts_the_rate_bound_for_the_next_fan_out() -> No
     sample = await asyncio.wait_for(waiting, 5)
     assert gate.fanouts == 2 and "has_work" in sample.asked
     assert max(waits) <= 0.05  # it slept in short steps, so the lift was seen at once
+
+
+def test_the_checkpoint_condition_takes_prepared_or_running_only() -> None:
+    assert parse_conditions({"checkpoint": ["prepared"]}) == {"checkpoint": "prepared"}
+    assert parse_conditions({"checkpoint": ["running"]}) == {"checkpoint": "running"}
+    for bad in ("preparing", "PREPARED", "", "x" * 10_000):
+        with pytest.raises(GateRequestError, match="prepared or running"):
+            parse_conditions({"checkpoint": [bad]})

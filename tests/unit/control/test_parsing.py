@@ -191,3 +191,26 @@ def test_only_a_mode_that_waits_for_the_work_reads_has_work_back(
 def test_a_pause_mode_is_one_of_vllms_exactly(mode: str) -> None:
     with pytest.raises(BadActionRequest, match="mode"):
         parse_pause({"mode": [mode]}, b"")
+
+
+def test_checkpoint_prepare_takes_vllms_modes_and_reads_back_preparing_or_prepared() -> None:
+    from exporter.control.parsing import parse_checkpoint_prepare, parse_checkpoint_restore
+
+    request = parse_checkpoint_prepare({}, b"")
+    assert (request.method, request.args, request.params) == (
+        "checkpoint_prepare",
+        ("wait",),
+        {"mode": "wait"},
+    )
+    assert request.expect_none and request.check is not None
+    assert request.check.holds(["preparing", None]) and request.check.holds(["prepared", None])
+    assert not request.check.holds(["failed", "boom"]) and not request.check.holds("prepared")
+    assert parse_checkpoint_prepare({"mode": ["abort"]}, b"").args == ("abort",)
+    for bad in ({"mode": ["later"]}, {"mode": ["wait", "abort"]}, {"x": ["1"]}):
+        with pytest.raises(BadActionRequest):
+            parse_checkpoint_prepare(bad, b"")
+    with pytest.raises(BadActionRequest, match="no request body"):
+        parse_checkpoint_prepare({}, b"{}")
+    restore = parse_checkpoint_restore({}, b"")
+    assert restore.check is not None and restore.check.holds(["running", None])
+    assert restore.check.wanted() == "'restoring' or 'running'"

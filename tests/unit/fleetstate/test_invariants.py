@@ -9,6 +9,7 @@ from exporter.client.fleet import EngineOutcome, Outcome
 from exporter.fleetstate.invariants import (
     BY_KEY,
     BY_METHOD,
+    CHECKPOINT,
     INFERENCE_READY,
     INVARIANTS,
     ON_DEMAND,
@@ -27,11 +28,13 @@ def test_each_invariant_is_found_by_its_method_and_its_key() -> None:
         "is_sleeping",
         "is_scheduler_paused",
         "get_weight_version",
+        "checkpoint_state",
     ]
     assert BY_KEY == {
         "sleeping": SLEEPING,
         "paused": PAUSED,
         "weight_version": WEIGHT_VERSION,
+        "checkpoint": CHECKPOINT,
         "inference_ready": INFERENCE_READY,  # a gate condition, asked on demand only
     }
     assert all(BY_METHOD[inv.method] is inv for inv in (*INVARIANTS, INFERENCE_READY))

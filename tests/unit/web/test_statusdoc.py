@@ -140,6 +140,7 @@ def test_failed_calls_count_every_outcome_but_ok_and_actions_only_those_that_ran
     stats.record_action("sleep", "success")
     counters = counters_json(stats)
     assert counters["failed_calls"] == {
+        "checkpoint_state": 0,
         "get_weight_version": 1,
         "has_work": 0,
         "is_scheduler_paused": 0,
