@@ -272,12 +272,27 @@ class WatchHub:
             self.disconnect(watcher)
 
 
-async def stream(hub: WatchHub, watcher: Watcher) -> AsyncGenerator[bytes, None]:
+#: How often a quiet stream checks that its client is still connected.
+GONE_CHECK_S = 1.0
+
+
+async def stream(
+    hub: WatchHub, watcher: Watcher, gone: Callable[[], bool] = lambda: False
+) -> AsyncGenerator[bytes, None]:
     """What a server writes to ``watcher``'s client: everything queued in one write, a
-    heartbeat after ``hub.heartbeat_s`` of nothing, until the hub drops or closes it. The
-    caller disconnects the watcher when the response ends (``finally``)."""
+    heartbeat after ``hub.heartbeat_s`` of nothing, until the hub drops or closes it, or
+    ``gone()`` says the client left (checked every second while quiet, so its
+    ``--max-watchers`` slot is free within a second, not at the next heartbeat). The caller
+    disconnects the watcher when the response ends (``finally``)."""
+    loop = asyncio.get_running_loop()
     while not watcher.ended:
-        frames = await watcher.take(hub.heartbeat_s)
-        if watcher.ended:
+        beat_at = loop.time() + hub.heartbeat_s
+        frames: list[bytes] = []
+        while not frames and not watcher.ended and not gone():
+            left = beat_at - loop.time()
+            if left <= 0:
+                break
+            frames = await watcher.take(min(left, GONE_CHECK_S))
+        if watcher.ended or gone():
             return
         yield b"".join(frames) if frames else hub.heartbeat(watcher)

@@ -18,7 +18,14 @@ An RL training loop drives every DP rank without a subprocess and without parsin
 
 ``dp.wait(drained=True, timeout_s=60)`` holds until every rank has finished its work (vLLM's
 ``has_work`` false, no running or waiting request published); ``dp.status()`` has each rank's
-``has_work``, ``running``, ``waiting`` and ``drained``.
+``has_work``, ``running``, ``waiting`` and ``drained``. ``dp.watch()`` follows the per-rank
+feed (``GET /watch``): one ``WatchEvent`` per rank, then one per change, resumed by itself
+after a dropped connection::
+
+    with dp.watch() as events:
+        for event in events:
+            if event.kind == "rank" and not event.routable:
+                print(event.engine, event.reasons)
 
 Each action returns an ``ActionResult`` when every engine confirmed it, and raises
 ``PartialFailure`` (``.result.engines``: who did not, and why; nothing is rolled back) when
@@ -70,8 +77,9 @@ from exporter.remote.status import (
     Status,
     Verdict,
 )
-from exporter.remote.sync import SyncClient
+from exporter.remote.sync import SyncClient, SyncWatch
 from exporter.remote.waiting import Progress
+from exporter.remote.watching import Reconnect, Reconnecting, Watch, WatchEvent, WatchRefused
 
 __all__ = [
     "BASIC_AUTH_ENV",
@@ -102,15 +110,21 @@ __all__ = [
     "PauseMode",
     "Progress",
     "RateLimited",
+    "Reconnect",
+    "Reconnecting",
     "RemoteError",
     "Retry",
     "Secret",
     "Status",
     "SyncClient",
+    "SyncWatch",
     "Unreachable",
     "Unsupported",
     "Verdict",
     "WaitTimeout",
     "WakeTag",
+    "Watch",
+    "WatchEvent",
+    "WatchRefused",
     "printable",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -48,6 +49,7 @@ from exporter.remote.waiting import (
     wait_for_gate,
     with_drained,
 )
+from exporter.remote.watching import Reconnect, ReconnectCallback, Watch
 
 DEFAULT_URL = "http://127.0.0.1:19400"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:19401"
@@ -112,6 +114,7 @@ class Client:
         self.retry = retry if retry is not None else Retry()
         self.auto_idempotency_keys = auto_idempotency_keys
         self._http = Http(self.credentials.ssl_context(), max_answer_bytes, session)
+        self._watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"Client(url={self.url!r}, admin_url={self.admin_url!r}, {self.credentials!r})"
@@ -123,7 +126,10 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection pool (not a session given to the constructor)."""
+        """End every watch and close the connection pool (not a session given to the
+        constructor)."""
+        for watch in list(self._watches):
+            watch.stop()
         await self._http.close()
 
     def _where(self, base: str | None, what: str, route: str) -> str:
@@ -231,6 +237,22 @@ class Client:
             progress=progress,
             request_timeout_s=request_timeout_s,
         )
+
+    def watch(
+        self,
+        last_event_id: str | None = None,
+        *,
+        reconnect: Reconnect | None = None,
+        on_reconnect: ReconnectCallback | None = None,
+    ) -> Watch:
+        """``GET <url>/watch``: every rank's row, then each change, as ``WatchEvent``s
+        (``async with client.watch() as events: async for event in events``), resumed after a
+        dropped connection from the last id received (``exporter.remote.watching``)."""
+        url = self._where(self.url, "a URL", "watch")
+        authorization = self.credentials.read_authorization()
+        watch = Watch(self._http, url, authorization, last_event_id, reconnect, on_reconnect)
+        self._watches.add(watch)
+        return watch
 
     # -- admin actions ----------------------------------------------------------------------
 

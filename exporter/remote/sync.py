@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -29,11 +30,12 @@ from exporter.remote.client import (
     WakeTag,
 )
 from exporter.remote.credentials import Credentials
-from exporter.remote.errors import Unreachable
+from exporter.remote.errors import RemoteError, Unreachable
 from exporter.remote.http import Retry
 from exporter.remote.results import ActionResult, GateResult
 from exporter.remote.status import Status
 from exporter.remote.waiting import REQUEST_TIMEOUT_S, ProgressCallback
+from exporter.remote.watching import Reconnect, ReconnectCallback, Watch, WatchEvent
 
 T = TypeVar("T")
 #: How much longer than its own timeout a call may take before the caller stops waiting for
@@ -148,6 +150,18 @@ class SyncClient:
         )
         return self._call(coro, timeout_s + request_timeout_s)
 
+    def watch(
+        self,
+        last_event_id: str | None = None,
+        *,
+        reconnect: Reconnect | None = None,
+        on_reconnect: ReconnectCallback | None = None,
+    ) -> SyncWatch:
+        """``Client.watch`` as a plain iterator: ``with dp.watch() as events: for event in
+        events``; ``on_reconnect`` runs in the client's thread."""
+        watch = self._client.watch(last_event_id, reconnect=reconnect, on_reconnect=on_reconnect)
+        return SyncWatch(watch, self)
+
     # -- admin actions ----------------------------------------------------------------------
 
     def action(
@@ -250,3 +264,42 @@ class SyncClient:
     ) -> ActionResult:
         coro = self._client.verify_weights(idempotency_key=idempotency_key, timeout_s=timeout_s)
         return self._call(coro, timeout_s)
+
+
+class SyncWatch:
+    """``Watch`` as a plain iterator (``SyncClient.watch``): ``with client.watch() as events:
+    for event in events``. Each ``next`` blocks until the next event, in the client's loop
+    (bounded by ``Reconnect.bound_s``: a stuck loop never blocks the caller for good);
+    ``close()`` or the block ends it."""
+
+    def __init__(self, watch: Watch, client: SyncClient) -> None:
+        self.watch = watch
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"Sync{self.watch!r}"
+
+    @property
+    def last_event_id(self) -> str | None:
+        return self.watch.last_event_id
+
+    def __iter__(self) -> SyncWatch:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        coro = self.watch.next_event()
+        event = self._client._call(coro, self.watch.reconnect.bound_s())
+        if event is None:
+            raise StopIteration
+        return event
+
+    def __enter__(self) -> SyncWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent; nothing left to close once the client is)."""
+        with contextlib.suppress(RuntimeError, RemoteError):
+            self._client._call(self.watch.aclose(), GRACE_S)

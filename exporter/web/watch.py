@@ -55,13 +55,23 @@ async def serve_watch(request: web.Request, hub: WatchHub) -> web.StreamResponse
     response = web.StreamResponse(headers=STREAM_HEADERS)
     try:
         await response.prepare(request)
-        async for chunk in stream(hub, watcher):
+        async for chunk in stream(hub, watcher, _gone(request)):
             await response.write(chunk)
     except (ConnectionError, RuntimeError):
         pass  # the client went away mid-write (or the transport was closed under us)
     finally:
         hub.disconnect(watcher)
     return response
+
+
+def _gone(request: web.Request) -> Callable[[], bool]:
+    """Whether the client closed the connection (aiohttp does not cancel the handler)."""
+
+    def gone() -> bool:
+        transport = request.transport
+        return transport is None or transport.is_closing()
+
+    return gone
 
 
 def _closer(request: web.Request) -> Callable[[], None]:

@@ -1,9 +1,9 @@
-"""``vllm-dp-exporter ctl``: the admin actions, the fleet status and the safe-to-resume wait
-from shell scripts and RL training loops.
+"""``vllm-dp-exporter ctl``: the admin actions, the fleet status, the safe-to-resume wait and
+the per-rank feed (``watch``) from shell scripts and RL training loops.
 
-Exit codes: 0 success, 2 partial failure (some engine did not confirm an action, or the fleet
-is not consistent), 1 any other error (unreachable exporter, bad token, bad request, ``wait``
-timed out).
+Exit codes: 0 success (``watch``: stopped by ``--count``, Ctrl-C or SIGTERM), 2 partial failure
+(some engine did not confirm an action, or the fleet is not consistent), 1 any other error
+(unreachable exporter, bad token, bad request, ``wait`` timed out, ``watch`` gave up).
 
 Every HTTP call goes through ``exporter.remote`` (TLS and basic auth included: ``--ca-file``,
 ``--cert-file``, ``--key-file``, ``--basic-auth-file`` or ``$VLLM_DP_EXPORTER_CTL_BASIC_AUTH``).
@@ -29,6 +29,7 @@ from exporter.commands.ctl.admin import (
 from exporter.commands.ctl.common import EXIT_ERROR, clean
 from exporter.commands.ctl.status import add_status_command, format_status, run_status
 from exporter.commands.ctl.wait import add_wait_command, run_wait
+from exporter.commands.ctl.watch import add_watch_command, run_watch
 from exporter.error import ConfigError
 from exporter.remote import RemoteError
 
@@ -46,11 +47,12 @@ def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="ctl_command", required=True)
     add_status_command(sub)
     add_wait_command(sub)
+    add_watch_command(sub)
     add_admin_commands(sub)
 
 
 def run_ctl(args: argparse.Namespace) -> int:
-    commands: dict[str, Runner] = {"status": run_status, "wait": run_wait}
+    commands: dict[str, Runner] = {"status": run_status, "wait": run_wait, "watch": run_watch}
     command = commands.get(args.ctl_command) or runner(args.ctl_command)
     if command is None:
         print(f"ctl: unknown command {clean(args.ctl_command)}", file=sys.stderr)

@@ -211,3 +211,16 @@ async def test_basic_auth_and_tls_as_every_read_route(pki: Pki, tmp_path: Path) 
                 assert json.dumps(head.data)
     finally:
         await fleets.close()
+
+
+async def test_a_client_that_leaves_frees_its_slot_within_seconds(
+    fleet_factory: ServiceFactory,
+) -> None:
+    fleet = await fleet_factory(1, max_watchers=1)  # heartbeats every 5 s: not what frees it
+    resp, reader = await open_watch(fleet)
+    await reader.next()
+    resp.close()
+    await eventually(lambda: not fleet.exporter.feed.watchers, 3, "the slot freed")
+    resp, reader = await open_watch(fleet)
+    async with resp:
+        assert (await reader.next()).event == "snapshot"
