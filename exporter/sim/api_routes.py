@@ -11,17 +11,19 @@ when they disagree), ``reset_prefix_cache`` and ``wake_up`` are ANDs,
 ``compute_weight_checksums`` is flattened over the engines, everything else fans out to every
 engine; one failing engine fails the call (the others still ran it).
 
-Routes (F.4): ``GET /version``; ``GET /metrics`` (served whatever the dev mode, as vLLM's: each
-engine's running and waiting requests, ``vllm:num_requests_running`` /
-``vllm:num_requests_waiting`` with its DP rank as the ``engine`` label, unless ``log_stats`` is
-off; no engine called); with fault tolerance on, ``GET /fault_tolerance/status`` (vLLM
-0.33's ``get_status()``: the front end's copy of the sentinels' pushes, no engine called); ``POST
-/is_scaling_elastic_ep`` (whatever the dev mode: ``api_elastic``); dev ``GET
-/is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``, ``/reset_mm_cache``,
-``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET /is_paused``, ``POST
-/update_weight_version``, ``GET /weight_info``, ``POST /weight_checker``. Bad query or body values
-raise ``_BadQuery`` (vLLM's 400 validation envelope); engine failures raise ``_EngineError`` (a
-500), except on the RL routes that catch their exceptions and answer ``{"error": "Failed to ...:
+Routes (F.4): ``GET /version``; with the dev routes, ``POST /v1/completions`` and
+``/v1/chat/completions`` (a request runs on one engine for ``max_tokens`` / ``TOKENS_PER_S``
+seconds, pinned by ``X-data-parallel-rank`` as vLLM 0.30 to 0.34 pin it: ``data_parallel_rank``);
+``GET /metrics`` (served whatever the dev mode, as vLLM's: each engine's running and waiting
+requests, ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` with its DP rank as the
+``engine`` label, unless ``log_stats`` is off; no engine called); with fault tolerance on, ``GET
+/fault_tolerance/status`` (vLLM 0.33's ``get_status()``: the front end's copy of the sentinels'
+pushes, no engine called); ``POST /is_scaling_elastic_ep`` (whatever the dev mode: ``api_elastic``);
+dev ``GET /is_sleeping``, ``POST /sleep``, ``/wake_up``, ``/reset_prefix_cache``,
+``/reset_mm_cache``, ``/reset_encoder_cache``; RL ``POST /pause``, ``/resume``, ``GET /is_paused``,
+``POST /update_weight_version``, ``GET /weight_info``, ``POST /weight_checker``. Bad query or body
+values raise ``_BadQuery`` (vLLM's 400 validation envelope); engine failures raise ``_EngineError``
+(a 500), except on the RL routes that catch their exceptions and answer ``{"error": "Failed to ...:
 <text>"}``.
 """
 
@@ -30,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -51,12 +54,48 @@ from exporter.sim.api_wire import (
 )
 from exporter.sim.options import ApiServerOptions, SimOptions
 from exporter.sim.state import Deferred, EngineState, UtilityFailure
+from exporter.sim.work import TOKENS_PER_S
 
 ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _MISSING: Any = object()
+
+
+#: The request header that pins a request to one DP rank (vLLM's ``_get_data_parallel_rank``).
+DP_RANK_HEADER = "X-data-parallel-rank"
+#: The OpenAI routes served (with the dev routes): path → the ``object`` of their answer.
+COMPLETION_ROUTES = {
+    "/v1/completions": "text_completion",
+    "/v1/chat/completions": "chat.completion",
+}
+#: A completion's ``max_tokens`` when it gives none (OpenAI's default), and the longest one
+#: runs whatever it asks (seconds).
+DEFAULT_MAX_TOKENS = 16
+MAX_COMPLETION_S = 30.0
+#: How often a running completion looks at its engine (paused, asleep, hung or frozen: it
+#: waits; otherwise its time runs).
+COMPLETION_TICK_S = 0.02
+
+
+def data_parallel_rank(headers: Mapping[str, str]) -> int | None:
+    """vLLM's ``_get_data_parallel_rank`` (0.30 to 0.34): the header as Python's ``int()``
+    reads it; absent or not an integer is None (vLLM then balances the request itself)."""
+    raw = headers.get(DP_RANK_HEADER)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def rank_out_of_range(rank: int, ranks: int) -> dict[str, Any]:
+    """vLLM's answer to a rank it does not have (``InputProcessor.process_inputs`` raises
+    ``VLLMValidationError``; the API server's envelope, 400 ``BadRequestError``)."""
+    message = f"data_parallel_rank {rank} is out of range [0, {ranks})."
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
 
 
 #: The name vLLM's Rust front end gives a consensus route's call in its error prefix, where it
@@ -80,6 +119,10 @@ class ApiRoutes:
     ft_delay_s: float
     metrics_answer: bytes | None
     elastic_ep: SimElasticEp
+    #: Engine position → completions it was given (pinned or balanced); bounded by the engines.
+    completions: Counter[int]
+    #: Where the balancing of unpinned completions starts its scan next (rotated every time).
+    lb_start: int
 
     # -- aggregation over the engines (AsyncLLM, E.1) ---------------------------------------
 
@@ -187,6 +230,89 @@ class ApiRoutes:
         """``POST /is_scaling_elastic_ep`` as this release answers it (``api_elastic``)."""
         o = self.options
         return await elastic_ep_answer(self.elastic_ep, o.vllm_version, o.rust_front_end)
+
+    # -- OpenAI completions (served with the dev routes) -------------------------------------
+
+    def _balanced(self) -> int:
+        """vLLM's own choice for an unpinned request (``DPLBAsyncMPClient``): the engine with
+        the fewest running + waiting requests, the scan starting one further every time."""
+        now, count = time.monotonic(), len(self.engines)
+        start, self.lb_start = self.lb_start, (self.lb_start + 1) % count
+        order = [(start + k) % count for k in range(count)]
+        return min(order, key=lambda i: sum(self.engines[i].request_counts(now)))
+
+    async def _run(self, position: int, duration_s: float, started: asyncio.Event) -> None:
+        """One request on engine ``position``: its time runs only while the engine runs
+        requests (awake, not paused, not stuck, not hung or frozen); ``started`` is set when it
+        first does."""
+        engine, faults = self.engines[position], self.engine_options[position]
+        engine.submit(duration_s, time.monotonic())
+        left, last = duration_s, time.monotonic()
+        while True:
+            held = engine.is_sleeping() or engine.work.stuck or faults.hang or faults.frozen
+            if not held:
+                started.set()
+            if left <= 0:
+                return
+            await asyncio.sleep(COMPLETION_TICK_S)
+            now = time.monotonic()
+            if not held:
+                left -= now - last
+            last = now
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions`` and ``/v1/chat/completions``: the request runs on the engine
+        ``X-data-parallel-rank`` names, else on the one vLLM's balancing picks; a rank out of
+        range is vLLM's 400 (in a streamed answer: its error event, then ``[DONE]``)."""
+        body = await _json_body(request)
+        self._dead()
+        stream = body.get("stream") is True
+        rank, count = data_parallel_rank(request.headers), len(self.engines)
+        if rank is not None and not 0 <= rank < count:
+            error = rank_out_of_range(rank, count)
+            if not stream:
+                return _json(error, status=400)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        position = self._balanced() if rank is None else rank
+        self.completions[position] += 1
+        tokens = body.get("max_tokens")
+        tokens = tokens if isinstance(tokens, int) and tokens > 0 else DEFAULT_MAX_TOKENS
+        duration = min(tokens / TOKENS_PER_S, MAX_COMPLETION_S)
+        kind = COMPLETION_ROUTES.get(request.path, "text_completion")
+        answer = {
+            "id": f"cmpl-sim-{sum(self.completions.values())}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "text": " sim" * tokens, "finish_reason": "length"}],
+            "usage": {"completion_tokens": tokens},
+        }
+        started = asyncio.Event()
+        run = asyncio.ensure_future(self._run(position, duration, started))
+        try:
+            if not stream:
+                await run
+                return _json(answer)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            waiter = asyncio.ensure_future(started.wait())
+            try:
+                await asyncio.wait((run, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            first = {**answer, "object": f"{kind}.chunk", "choices": [{"index": 0, "text": ""}]}
+            await resp.write(f"data: {json.dumps(first)}\n\n".encode())
+            await run
+            last = {**answer, "object": f"{kind}.chunk"}
+            await resp.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            run.cancel()
 
     # -- dev routes ---------------------------------------------------------------------------
 

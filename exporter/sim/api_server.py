@@ -13,7 +13,9 @@ gives 405 with an ``allow`` header, bad query or body values give vLLM's 400 val
 envelope, and after every 500 from an exception the TCP connection is closed without a
 ``connection: close`` header (the RL routes that catch their exceptions answer ``{"error":
 "Failed to ...: <text>"}`` and keep the connection). Authorization headers are recorded, never
-checked (vLLM's ``--api-key`` does not cover the dev routes).
+checked (vLLM's ``--api-key`` does not cover the dev routes). With the dev routes it serves
+``POST /v1/completions`` and ``/v1/chat/completions``: ``X-data-parallel-rank`` pins a request to
+an engine as vLLM does (a rank out of range is its 400), ``completions`` counts where each went.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from aiohttp import web
 
 from exporter.protocol.pushes import encode_ft_status_value
 from exporter.sim.api_elastic import ELASTIC_EP_PATH, SimElasticEp
-from exporter.sim.api_routes import ApiRoutes, Handler
+from exporter.sim.api_routes import COMPLETION_ROUTES, ApiRoutes, Handler
 from exporter.sim.api_wire import (
     _PHRASES,
     _BadQuery,
@@ -89,6 +91,10 @@ class SimApiServer(ApiRoutes):
         #: back to be sent (an aborted request has none): with ``requests``, what tells a test
         #: that every request received has been answered. Counts: bounded by the paths asked.
         self.answered: Counter[str] = Counter()
+        #: Engine position → completions it was given (``X-data-parallel-rank`` or vLLM's
+        #: balancing; ``api_routes``): where a test's requests went. Bounded by the engines.
+        self.completions: Counter[int] = Counter()
+        self.lb_start = 0
         self._connections: dict[Any, int] = {}
         self.aborted = 0
         #: The path of each request aborted (``reset_reused_connections``), in order.
@@ -136,6 +142,11 @@ class SimApiServer(ApiRoutes):
         if ELASTIC_EP_PATH not in self.options.missing_routes:  # wherever vLLM serves generate
             app.router.add_post(ELASTIC_EP_PATH, self._elastic_ep_status)
         if self.options.dev_mode:
+            # vLLM serves its OpenAI routes whatever the dev mode; the simulation only with
+            # the dev routes (a server without them keeps its three routes).
+            for path in COMPLETION_ROUTES:
+                if path not in self.options.missing_routes:
+                    app.router.add_post(path, self._completion)
             for verb, path, handler in self._dev_routes():
                 if path in self.options.missing_routes:
                     continue

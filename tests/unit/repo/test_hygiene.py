@@ -164,9 +164,11 @@ def test_no_class_name_is_defined_twice() -> None:
 TREES: dict[str, set[str]] = {
     "exporter": set(),
     "tools": {"exporter"},
-    "e2e": {"exporter"},
+    "e2e": {"exporter", "examples"},
     "bench": {"exporter", "e2e"},
-    "tests": {"exporter", "tools", "e2e", "bench"},
+    # The example router: a user's program, reading the exporter only through its feed.
+    "examples": set(),
+    "tests": {"exporter", "tools", "e2e", "bench", "examples"},
 }
 
 

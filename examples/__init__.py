@@ -1,0 +1,1 @@
+"""Examples built on the exporter's public surface (not part of the installed package)."""
