@@ -37,6 +37,7 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "get_weight_version": None,
     "has_work": False,
     "is_inference_ready": True,
+    "checkpoint_state": ["running", None],  # vLLM 0.34's
     "reset_prefix_cache": True,
 }
 
