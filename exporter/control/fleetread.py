@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.client.observe import progress_of
@@ -24,6 +25,8 @@ log = logging.getLogger("exporter.poller")
 #: Every read method: what each poll asks, and a gate without conditions.
 ALL_METHODS = frozenset(inv.method for inv in READS)
 #: The failure text of an engine not asked because it said it has no such method.
+#: ``/status``'s ``last_poll.source`` of a process that reads the engines itself, alone.
+ALONE: Mapping[str, Any] = {"role": "alone", "from": "self", "age_s": None, "reason": None}
 KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
 
 
@@ -61,6 +64,10 @@ class FleetRead:
 
     def unsupported_everywhere(self, method: str, engines: Collection[str]) -> bool:
         return bool(engines) and set(self._unsupported.get(method, ())) >= set(engines)
+
+    def describe(self) -> dict[str, Any]:
+        """The poller's source when this process reads alone (``exporter.control.sources``)."""
+        return dict(ALONE)
 
     async def read(
         self, methods: Collection[str], timeout_s: float, *, progress: bool = False

@@ -30,6 +30,7 @@ from exporter.control.build import (
     snapshot_steps,
 )
 from exporter.control.fleetread import ALL_METHODS, FleetRead
+from exporter.control.sources import ReadingSource
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
@@ -87,6 +88,9 @@ class Poller:
         self._engine_set: set[str] = set()
         #: The one read of the fleet, with its memory of unsupported methods (the gate's too).
         self.reader = FleetRead(client)
+        #: Where each poll's answers come from: ``reader``, or a deployment's one reader
+        #: (``exporter.control.sources``: several API server processes).
+        self.source: ReadingSource = self.reader
         self._snapshot: FleetSnapshot | None = None
         #: Snapshots republished between polls (``republish``): part of the render cache key.
         self.republished = 0
@@ -176,7 +180,7 @@ class Poller:
         # Beside the reads, never on their path: shown once it came (this poll or the next).
         self._client.observations.refresh(self.call_timeout_s)
         with late_answers_allowed():  # the poll's reads, never the gate's
-            reading = await self.reader.read(ALL_METHODS, self.call_timeout_s, progress=True)
+            reading = await self.source.read(ALL_METHODS, self.call_timeout_s, progress=True)
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
             for method, outcomes in reading.outcomes.items()
@@ -197,8 +201,8 @@ class Poller:
             reading.details,
             reading.progress,
             clocks,
-            {e: self.reader.unsupported_by(e) for e in reading.details},
-            {m: self.reader.unsupported_everywhere(m, reading.details) for m in results},
+            {e: self.source.unsupported_by(e) for e in reading.details},
+            {m: self.source.unsupported_everywhere(m, reading.details) for m in results},
             duration,
             now,
             previous + 1,

@@ -22,7 +22,9 @@ from exporter.base.steps import run_steps, run_steps_async
 from exporter.base.tasks import cancel_and_wait, supervise
 from exporter.config.settings import ServeConfig, env_warnings, secret_file_warnings
 from exporter.control.runtime import Exporter
+from exporter.control.sources import FollowerRead, PublishingRead, ReadingSource
 from exporter.error import ExporterError
+from exporter.inprocess.leader import ReadingFile
 from exporter.inprocess.peer import audit_with_peer
 from exporter.inprocess.shared import ProcessShare
 from exporter.inprocess.trainer import inprocess_config
@@ -48,6 +50,8 @@ class InProcessRuntime:
         self.server = ApiServer(0, 1)
         self.problem: str | None = NOT_STARTED
         self._share_task: asyncio.Task[None] | None = None
+        #: The deployment's one reading (several API servers: API server 0 writes it).
+        self.reading: ReadingFile | None = None
 
     async def start(self, engine_client: Any, args: Namespace | None) -> None:
         """Never raises (a monitor must not stop vLLM): a failure becomes ``problem``."""
@@ -77,12 +81,15 @@ class InProcessRuntime:
             log.info("dp_exporter: the load publisher runs in API server 0 only")
             config = dataclasses.replace(config, load_publisher=None)
         exporter = Exporter(config, vllm=core_of(engine_client))
+        directory = multiprocess_dir()
+        if self.server.count > 1 and directory is not None:
+            self.reading = ReadingFile(directory)
+            exporter.poller.source = one_reader(exporter, self.server, self.reading)
         await exporter.start()
         admin = AdminController(
             exporter.action_parts(), audit=audit_with_peer
         )  # the peer, not a header's
         self.exporter, self.admin, self.problem = exporter, admin, None
-        directory = multiprocess_dir()
         if self.server.count > 1 and directory is not None:
             self.share = ProcessShare(
                 directory,
@@ -137,11 +144,29 @@ class InProcessRuntime:
         await cancel_and_wait(task)
         if self.share is not None:
             self.share.remove()
+        if self.reading is not None and self.server.leader:
+            self.reading.remove()
         if self.admin is not None and exporter is not None:
             await self.admin.drain(exporter.config.shutdown_grace)
         if exporter is not None:
             await exporter.stop()
         self.problem = "the dp_exporter plugin stopped (vLLM is shutting down)"
+
+
+def one_reader(exporter: Exporter, server: ApiServer, reading: ReadingFile) -> ReadingSource:
+    """API server 0 reads the engines and publishes each poll; the others follow it, and read
+    the engines themselves only while its reading is missing or older than three polls (or a
+    poll and two call timeouts). The gate keeps its own fresh reads in every process."""
+    poller = exporter.poller
+    if server.leader:
+        return PublishingRead(poller.reader, reading.publish, server.index)
+    config = exporter.config
+    return FollowerRead(
+        poller.reader,
+        exporter.client,
+        reading.load,
+        max_age_s=max(3 * config.poll_interval, config.poll_interval + 2 * config.call_timeout),
+    )
 
 
 def plugin_config(environ: Mapping[str, str] | None = None) -> ServeConfig:

@@ -76,6 +76,7 @@ def status_document_steps(exporter: Exporter) -> Steps[dict[str, Any]]:
         poller.history,
         unexpected=unexpected_engines(exporter.client.observations),
         feeds=exporter.feeds_json(),
+        source=poller.source.describe(),
     )
 
 

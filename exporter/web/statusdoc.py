@@ -20,6 +20,7 @@ from exporter.client.fleet import REGISTRATION_KEYS, ElasticEpRead, EngineDetail
 from exporter.client.observe import UnexpectedEngine
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
+from exporter.control.fleetread import ALONE
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import INVARIANTS, READS, Invariant
@@ -328,6 +329,7 @@ def status_steps(
     now: float | None = None,
     unexpected: Mapping[str, UnexpectedEngine] | None = None,
     feeds: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> Steps[dict[str, Any]]:
     """The ``/status`` document, in steps of ``ENGINES_PER_STEP`` engines (``exporter.base.steps``):
     the plugin builds it on vLLM's event loop."""
@@ -360,6 +362,7 @@ def status_steps(
             "number": snap.poll_number,
             "unix": snap.taken_at_unix or None,
             "duration_s": snap.poll_duration_s if snap.poll_number else None,
+            "source": dict(source if source is not None else ALONE),
         },
         "aggregate": aggregate,
         "fault_tolerance": fleet_fault_tolerance_json(snap),

@@ -157,7 +157,12 @@ def test_without_counters_or_history_the_document_keeps_its_shape() -> None:
         status_steps(snap, CONFIG, now=60.0, unexpected={"ab12": UnexpectedEngine(7, 3, 59.0)})
     )
     validate_status(doc)
-    assert doc["last_poll"] == {"number": 0, "unix": None, "duration_s": None}
+    assert doc["last_poll"] == {
+        "number": 0,
+        "unix": None,
+        "duration_s": None,
+        "source": {"role": "alone", "from": "self", "age_s": None, "reason": None},
+    }
     assert doc["history"] == {"bucket_s": 0, "window_s": 0, "entries": []}
     assert doc["last_action"] is None and doc["counters"]["polls"] == 0
     assert doc["unexpected_engines"] == [
