@@ -256,6 +256,21 @@ class TestPluginInVllmServe:
         # fixture waited for both to be ready (e2e.inprocess.wait_every_api_server).
         clients = wait_every_api_server(served.endpoint, 2, served.server)
         assert clients == {"in-process (vLLM client 0)", "in-process (vLLM client 1)"}
+        # One reader per deployment: API server 0 asks the engines, API server 1 follows its
+        # published reading (docs/inprocess.md, "Several API server processes").
+        sources: dict[str, dict[str, Any]] = {}
+
+        def both_sources_seen() -> bool:
+            status = served.endpoint.status()
+            address = status["engines"][0]["address"]
+            sources[address] = status["last_poll"]["source"]
+            follower = sources.get("in-process (vLLM client 1)")
+            return len(sources) == 2 and follower is not None and follower["from"] != "self"
+
+        web.wait_for(both_sources_seen, 60, "both API servers' poll sources", interval_s=0.1)
+        assert sources["in-process (vLLM client 0)"]["role"] == "leader", sources
+        follower = sources["in-process (vLLM client 1)"]
+        assert follower["role"] == "follower" and follower["from"] == "api_server_0", sources
         status = served.endpoint.status()
         assert status["attach"] == "inprocess" and status["engines_connected"] == 2
         assert [e["engine"] for e in status["engines"]] == list(ENGINES)
