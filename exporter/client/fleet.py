@@ -193,6 +193,10 @@ class Capabilities:
     #: The methods it can ask at all (its allow-list; HTTP mode: those with a route): a method
     #: outside is not asked, or counted.
     methods: frozenset[str] = DEFAULT_ALLOWED_METHODS
+    #: Each engine is asked on its own, a call per engine and method (owner, relay,
+    #: in-process): a paced poll reads a burst of engines at a time. HTTP mode asks a server
+    #: for all of its ranks in one request: its polls read every server at once.
+    calls_per_engine: bool = True
 
 
 #: A counter the client keeps of its own (``observe.CLIENT_COUNT``): the metric family it is

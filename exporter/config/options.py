@@ -85,6 +85,12 @@ OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "this long is stalled (seconds; above the longest prefill a rank runs; 0: never)",
     ),
     (
+        "engines_per_burst",
+        int,
+        "a poll reads at most this many engines at once, the bursts spread evenly over the poll "
+        "interval (0: every engine at once)",
+    ),
+    (
         "relay_allow_state_changes",
         parse_switch,
         "relay mode: allow sleep/wake_up/pause/resume/weight_version beside the front end",

@@ -229,6 +229,7 @@ BOUNDS: dict[str, Bound] = {
     "max_watchers": Bound(0, 1024),
     "hung_after": Bound(0, DAY),
     "stall_after": Bound(0, DAY),
+    "engines_per_burst": Bound(0, 65536),
 }
 
 

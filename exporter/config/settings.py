@@ -93,6 +93,9 @@ class ServeConfig:
     hung_after: float = 0.0
     #: Seconds a rank holding requests may compute no token before it is stalled (0: never).
     stall_after: float = 120.0
+    #: Engines read at once in a poll; more are read in bursts spread over the interval
+    #: (``exporter.control.pacing``; 0: every engine at once).
+    engines_per_burst: int = 16
     relay_allow_state_changes: bool = False
     web_config_file: str | None = None
     log_level: str = DEFAULT_LEVEL

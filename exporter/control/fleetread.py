@@ -70,13 +70,19 @@ class FleetRead:
         return dict(ALONE)
 
     async def read(
-        self, methods: Collection[str], timeout_s: float, *, progress: bool = False
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        *,
+        progress: bool = False,
+        engines: Collection[str] | None = None,
     ) -> FleetReading:
-        """Every method of ``methods`` the attach mode supports, on every engine, all calls
-        sharing one deadline. An engine known not to have a method is not asked; its outcome
-        says so (``is_unsupported``). The details are read before (whom to ask, and whether
-        it restarted) and once after the calls: the one read after a fan-out. ``progress``:
-        each engine's progress too (the poll's; a gate decides without it)."""
+        """Every method of ``methods`` the attach mode supports, on every engine (or on
+        ``engines``: a paced poll's burst), all calls sharing one deadline. An engine known
+        not to have a method is not asked; its outcome says so (``is_unsupported``). The
+        details of every engine are read before (whom to ask, and whether it restarted) and
+        once after the calls: the one read after a fan-out. ``progress``: each engine's
+        progress too (the poll's; a gate decides without it)."""
         client = self._client
         before = {d.engine: d for d in client.engine_details()}
         self._forget_restarted(before)
@@ -85,12 +91,17 @@ class FleetRead:
             for inv in (*READS, *ON_DEMAND)  # an on-demand read only when asked for by name
             if inv.method in methods and inv.method in client.capabilities.methods
         ]
+        wanted = set(before) if engines is None else set(engines) & set(before)
         calls, skipped = [], []
         for inv in asked:
             skip = self._unsupported.get(inv.method, {})
-            skipped.append([e for e in before if e in skip])
-            engines = [e for e in before if e not in skip] if skip else None
-            calls.append(client.call_utility(inv.method, timeout_s=timeout_s, engines=engines))
+            skipped.append([e for e in before if e in skip and e in wanted])
+            targets = (
+                None
+                if engines is None and not skip
+                else [e for e in before if e in wanted and e not in skip]
+            )
+            calls.append(client.call_utility(inv.method, timeout_s=timeout_s, engines=targets))
         results: dict[str, list[EngineOutcome]] = {}
         for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
             self._remember(inv.method, outcomes, before)

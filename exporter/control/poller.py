@@ -30,6 +30,7 @@ from exporter.control.build import (
     snapshot_steps,
 )
 from exporter.control.fleetread import ALL_METHODS, FleetRead
+from exporter.control.pacing import PaceCounts, bursts, paced_read
 from exporter.control.sources import ReadingSource
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
@@ -65,6 +66,7 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         hung_after: float = 0.0,
         stall_after: float = 0.0,
+        engines_per_burst: int = 0,
     ) -> None:
         self._client = client
         self._stats = stats
@@ -82,6 +84,11 @@ class Poller:
         self.hung_after_s = hung_after_s(hung_after, interval_s, call_timeout_s)
         #: ``--stall-after`` (0: a rank is never stalled).
         self.stall_after_s = stall_after
+        #: ``--engines-per-burst`` (0: every engine at once; ``exporter.control.pacing``).
+        self.engines_per_burst = engines_per_burst
+        self.pace = PaceCounts()
+        #: Seconds the last poll's bursts were spread over (the wait before the next is less).
+        self._spread_s = 0.0
         #: Engine → when it last answered any call while connected (or was first seen so).
         self._last_answer: dict[str, float] = {}
         #: The engines of the last poll (``_forget_gone``).
@@ -179,13 +186,23 @@ class Poller:
         started = time.perf_counter()
         # Beside the reads, never on their path: shown once it came (this poll or the next).
         self._client.observations.refresh(self.call_timeout_s)
+        per_burst = self.engines_per_burst if self._client.capabilities.calls_per_engine else 0
+        groups = bursts(self._client.engine_labels, per_burst)
+        self._spread_s = self.interval_s * (len(groups) - 1) / len(groups)
         with late_answers_allowed():  # the poll's reads, never the gate's
-            reading = await self.source.read(ALL_METHODS, self.call_timeout_s, progress=True)
+            if len(groups) == 1:
+                reading = await self.source.read(ALL_METHODS, self.call_timeout_s, progress=True)
+            else:
+                reading = await paced_read(
+                    self.source, groups, self.interval_s, self.call_timeout_s, self.pace
+                )
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
             for method, outcomes in reading.outcomes.items()
         }
         duration = time.perf_counter() - started
+        if len(groups) > 1:  # the time its bursts took, not the waits between them
+            duration = max(0.0, duration - self.pace.last_wait_s)
         # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
         await asyncio.sleep(0)
         self._forget_gone(reading.known_after)  # the fan-out may have learnt other engines
@@ -323,6 +340,8 @@ class Poller:
             async with self._polled:
                 self._polled.notify_all()
             spread = self.interval_s * self.jitter
-            delay = max(0.0, self.interval_s + random.uniform(-spread, spread))
+            # A paced poll took most of the interval already: the next starts an interval
+            # after this one started, so each engine is read once per interval.
+            delay = max(0.0, self.interval_s + random.uniform(-spread, spread) - self._spread_s)
             await self._sleep_or_wake(delay)
             await asyncio.sleep(min_gap)  # a flapping engine cannot make polls back to back

@@ -64,6 +64,20 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
+def poller_of(config: ServeConfig, fleet: FleetClient, stats: Stats) -> Poller:
+    """The poller of ``config`` over ``fleet`` (the counted client)."""
+    return Poller(
+        fleet,
+        stats,
+        interval_s=config.poll_interval,
+        call_timeout_s=config.call_timeout,
+        jitter=config.poll_jitter,
+        hung_after=config.hung_after,
+        stall_after=config.stall_after,
+        engines_per_burst=config.engines_per_burst,
+    )
+
+
 class Exporter:
     """Everything one running exporter owns; ``start``/``stop`` bracket its background work."""
 
@@ -93,15 +107,7 @@ class Exporter:
         )
         #: ``client`` as every caller uses it: each call's outcomes are counted on the way back.
         self.fleet = CountedFleet(self.client, self.stats)
-        self.poller = Poller(
-            self.fleet,
-            self.stats,
-            interval_s=config.poll_interval,
-            call_timeout_s=config.call_timeout,
-            jitter=config.poll_jitter,
-            hung_after=config.hung_after,
-            stall_after=config.stall_after,
-        )
+        self.poller = poller_of(config, self.fleet, self.stats)
         #: ``GET /watch``'s rows, changes and watchers (``exporter.feed``).
         self.feed = WatchHub(lambda: self.poller.snapshot, max_watchers=config.max_watchers)
         self.poller.listeners.append(self.feed.publish)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -46,7 +46,12 @@ class ReadingSource(Protocol):
     """What the poller reads each poll from (``FleetRead`` is one)."""
 
     async def read(
-        self, methods: Collection[str], timeout_s: float, *, progress: bool = False
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        *,
+        progress: bool = False,
+        engines: Collection[str] | None = None,
     ) -> FleetReading: ...
 
     def unsupported_by(self, engine: str) -> frozenset[str]: ...
@@ -77,18 +82,22 @@ class BadReading(ValueError):
 
 
 def encode_reading(
-    reading: FleetReading, source: FleetRead, api_server: int, written_unix: float
+    outcomes: Mapping[str, Mapping[str, EngineOutcome]],
+    engines: Iterable[str],
+    source: FleetRead,
+    api_server: int,
+    written_unix: float,
 ) -> bytes:
-    unsupported = {
-        m: [e for e in reading.engines if m in source.unsupported_by(e)] for m in ALL_METHODS
-    }
+    """``outcomes`` (method → engine → its latest outcome) of ``engines`` as a reading."""
+    engines = list(engines)
+    unsupported = {m: [e for e in engines if m in source.unsupported_by(e)] for m in ALL_METHODS}
     return _encoder.encode(
         PublishedReading(
             READING_FORMAT,
             written_unix,
             api_server,
-            {m: list(o) for m, o in reading.outcomes.items()},
-            {m: engines for m, engines in unsupported.items() if engines},
+            {m: [by[e] for e in engines if e in by] for m, by in outcomes.items()},
+            {m: listed for m, listed in unsupported.items() if listed},
         )
     )
 
@@ -119,8 +128,9 @@ def decode_reading(
 
 
 class PublishingRead:
-    """The leader's source: its own ``FleetRead``; each poll's reading handed to ``publish``
-    (bytes, at most one poll's worth: a file write off the loop)."""
+    """The leader's source: its own ``FleetRead``; after each read (a poll, or a paced poll's
+    burst) every engine's latest outcomes handed to ``publish`` (bytes: a file write off the
+    loop)."""
 
     def __init__(
         self,
@@ -134,12 +144,27 @@ class PublishingRead:
         self._api_server = api_server
         self._wall = wall_clock
         self.published = 0
+        #: Method → engine → its latest outcome (a paced poll reads a burst at a time).
+        self._latest: dict[str, dict[str, EngineOutcome]] = {}
 
     async def read(
-        self, methods: Collection[str], timeout_s: float, *, progress: bool = False
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        *,
+        progress: bool = False,
+        engines: Collection[str] | None = None,
     ) -> FleetReading:
-        reading = await self._reader.read(methods, timeout_s, progress=progress)
-        data = encode_reading(reading, self._reader, self._api_server, self._wall())
+        reading = await self._reader.read(methods, timeout_s, progress=progress, engines=engines)
+        known = set(reading.engines)
+        for method, outcomes in reading.outcomes.items():
+            latest = self._latest.setdefault(method, {})
+            latest.update((o.engine, o) for o in outcomes)
+            for gone in [e for e in latest if e not in known]:
+                del latest[gone]
+        data = encode_reading(
+            self._latest, reading.engines, self._reader, self._api_server, self._wall()
+        )
         try:
             await self._publish(data)
             self.published += 1
@@ -188,7 +213,12 @@ class FollowerRead:
         self.own_reads = 0
 
     async def read(
-        self, methods: Collection[str], timeout_s: float, *, progress: bool = False
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        *,
+        progress: bool = False,
+        engines: Collection[str] | None = None,
     ) -> FleetReading:
         try:
             data = await self._load()
@@ -198,14 +228,19 @@ class FollowerRead:
                 data, now_unix=self._wall(), max_age_s=self.max_age_s, leader=self._leader
             )
         except (BadReading, OSError) as exc:
-            return await self._read_own(methods, timeout_s, progress, str(exc))
+            return await self._read_own(methods, timeout_s, progress, engines, str(exc))
         self.followed += 1
         self._own, self._reason = False, None
         self._age_s = max(0.0, self._wall() - published.written_unix)
-        return self._from(published, methods, progress)
+        return self._from(published, methods, progress, engines)
 
     async def _read_own(
-        self, methods: Collection[str], timeout_s: float, progress: bool, reason: str
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        progress: bool,
+        engines: Collection[str] | None,
+        reason: str,
     ) -> FleetReading:
         self.own_reads += 1
         self._own, self._reason, self._age_s = True, reason, None
@@ -217,14 +252,20 @@ class FollowerRead:
                 self._leader,
                 reason,
             )
-        return await self._reader.read(methods, timeout_s, progress=progress)
+        return await self._reader.read(methods, timeout_s, progress=progress, engines=engines)
 
     def _from(
-        self, published: PublishedReading, methods: Collection[str], progress: bool
+        self,
+        published: PublishedReading,
+        methods: Collection[str],
+        progress: bool,
+        engines: Collection[str] | None,
     ) -> FleetReading:
-        """The leader's outcomes for the engines this process knows, in its order; an engine
-        the leader did not read is failed (never a value this process did not see)."""
+        """The leader's outcomes for the engines this process knows (or ``engines`` of them),
+        in its order; an engine the leader did not read is failed (never a value this process
+        did not see)."""
         details = {d.engine: d for d in self._client.engine_details()}
+        wanted = [e for e in details if engines is None or e in engines]
         outcomes: dict[str, list[EngineOutcome]] = {}
         for method, published_outcomes in published.outcomes.items():
             if method not in methods:
@@ -232,7 +273,7 @@ class FollowerRead:
             ours = [o for o in published_outcomes if o.engine in details]
             seen = {o.engine: o for o in require_type(_INVARIANTS[method], ours)}
             outcomes[method] = [
-                seen.get(e) or EngineOutcome(e, Outcome.FAILED, error=NOT_READ) for e in details
+                seen.get(e) or EngineOutcome(e, Outcome.FAILED, error=NOT_READ) for e in wanted
             ]
         self._unsupported = {m: frozenset(engines) for m, engines in published.unsupported.items()}
         return FleetReading(

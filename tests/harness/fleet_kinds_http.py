@@ -157,7 +157,12 @@ async def start_http() -> HttpKind:
     kind = HttpKind(
         "http",
         client,
-        Capabilities(fault_status=True, request_counts=True, methods=HTTP_METHODS),
+        Capabilities(
+            fault_status=True,
+            request_counts=True,
+            methods=HTTP_METHODS,
+            calls_per_engine=False,
+        ),
         flags_shutting_down=False,
         failure_text_as_sent=False,
     )
@@ -339,7 +344,12 @@ async def start_http_plugin(monkeypatch: pytest.MonkeyPatch) -> HttpPluginKind:
     kind = HttpPluginKind(
         "http_plugin",
         client,
-        Capabilities(fault_status=True, request_counts=True, methods=HTTP_METHODS),
+        Capabilities(
+            fault_status=True,
+            request_counts=True,
+            methods=HTTP_METHODS,
+            calls_per_engine=False,
+        ),
         death_takes_all=True,
         flags_shutting_down=False,
         failure_text_as_sent=False,

@@ -132,6 +132,7 @@ class HttpFleetClient:
             fault_status=True,
             request_counts=True,
             methods=self.allowed_methods & DEFAULT_ALLOWED_METHODS & ROUTED_METHODS,
+            calls_per_engine=False,
         )
         #: Each server's elastic-EP operation, read once per poll off the poll's path.
         self.observations = Observations()

@@ -129,6 +129,9 @@ async def test_an_answer_naming_more_than_1024_ranks_is_cut_to_its_first_1024() 
         doc = await status(run)
         outcomes = {e["invariants"]["is_sleeping"]["outcome"] for e in doc["engines"]}
         assert outcomes == {"ok"} and len(doc["engines"]) == MAX_ENGINES + 4
+        # A server answers for all its ranks at once: HTTP polls are never paced by engine
+        # (1,028 engines in bursts of 16 would ask each server 65 times a poll).
+        assert run.exporter.poller.engines_per_burst == 16 and run.exporter.poller.pace.bursts == 0
 
 
 @pytest.mark.parametrize("position", list(POSITIONS))

@@ -87,7 +87,7 @@ async def sleeping_values(app: PluginApp) -> list[Any]:
 
 async def wait_source(app: PluginApp, wanted: str) -> dict[str, Any]:
     async def there() -> bool:
-        return (await source_of(app))["from"] == wanted
+        return bool((await source_of(app))["from"] == wanted)
 
     await eventually(there, WAIT_S, f"the poll's source {wanted}")
     return await source_of(app)
