@@ -8,8 +8,9 @@ hung or stalled, is awake and not paused, and no fault-tolerance status says oth
 
 A rank that answers every call but computes nothing is **stalled**: it holds requests, says it
 has work (``has_work`` true: the engine's own answer this poll, never a stale record), is awake
-and not paused, and its computed tokens (``RankProgress``) have not grown for ``--stall-after``
-seconds. Only a source that counts the rank's tokens as it steps can tell (in-process mode:
+and not paused, and it has computed no token (``RankProgress``) for ``--stall-after`` seconds
+since it got that work (a rank idle for an hour is not stalled by its next request's first
+prefill). Only a source that counts the rank's tokens as it steps can tell (in-process mode:
 vLLM's stat loggers); where none does, a rank is never stalled.
 """
 
@@ -59,7 +60,8 @@ def is_stalled(
         return False
     if engine.state != "awake":  # hung, unknown, paused or asleep: that state wins
         return False
-    return progress.age_s(now_unix) >= stall_after_s
+    # The clock starts at the later of the last token and the moment the rank got this work.
+    return progress.stall_age_s(now_unix) >= stall_after_s
 
 
 def routability(engine: EngineSnapshot) -> Routability:

@@ -39,16 +39,25 @@ class RankProgress(msgspec.Struct, frozen=True):
     when the exporter last saw that count grow (unix; until it grows, when the exporter first
     read it), the source (``stat_logger`` or ``metrics``), and the requests whose tokens the
     source counts that the rank holds now (in-process: this API server's own unfinished
-    requests on it; None: the source does not say)."""
+    requests on it; None: the source does not say), and since when it holds them without a
+    break (the first read that saw them; None: it holds none, or the source does not say)."""
 
     tokens: int
     last_progress_unix: float
     source: str
     held: int | None = None
+    held_since_unix: float | None = None
 
     def age_s(self, now_unix: float) -> float:
         """Seconds since the count last grew (never negative)."""
         return max(0.0, now_unix - self.last_progress_unix)
+
+    def stall_age_s(self, now_unix: float) -> float:
+        """Seconds the rank has held requests without computing a token: since the count last
+        grew or since it got work, whichever came later (an idle rank's first request after a
+        quiet hour is not an hour late)."""
+        since = max(self.last_progress_unix, self.held_since_unix or 0.0)
+        return max(0.0, now_unix - since)
 
     def json(self) -> dict[str, Any]:
         return {
@@ -56,6 +65,7 @@ class RankProgress(msgspec.Struct, frozen=True):
             "last_progress_unix": self.last_progress_unix,
             "source": self.source,
             "held": self.held,
+            "held_since_unix": self.held_since_unix,
         }
 
 

@@ -38,6 +38,9 @@ class ProgressFeed:
         #: in this process, e.g. ``VLLM_PLUGINS`` leaves it out: no feed, progress unknown).
         self.attached: frozenset[int] | None = None
         self._records: dict[int, list[float]] = {}
+        #: Per engine index: since when this process has seen it hold its requests (first
+        #: read with a held count above 0; dropped at a read with none).
+        self._held_since: dict[int, float] = {}
         #: Records refused (an index or a count that is not one).
         self.hostile = 0
         #: Records taken (each a step's stats that reached this process).
@@ -58,12 +61,14 @@ class ProgressFeed:
     def start(self) -> None:
         """An exporter runs in this process from now on: records count."""
         self._records.clear()
+        self._held_since.clear()
         self.started_unix = self._clock()
         self.active = True
 
     def stop(self) -> None:
         self.active = False
         self._records.clear()
+        self._held_since.clear()
 
     def record(self, engine_idx: Any, iteration_stats: Any) -> None:
         """One step's stats of engine ``engine_idx``. Never raises."""
@@ -101,16 +106,24 @@ class ProgressFeed:
         """Engine index → its progress, for each of ``engines`` vLLM built the stat logger for
         (one no step's stats came from computed nothing since the feed started); None while
         the feed is not active or vLLM built no stat logger of ours: unknown, never idle.
-        ``held``: each rank's unfinished requests of this process (the ones it counts)."""
+        ``held``: each rank's unfinished requests of this process (the ones it counts); a rank
+        seen holding some carries since when (the stall clock starts there at the earliest)."""
         if not self.active or self.attached is None:
             return None
+        now = self._clock()
         found = {}
         for engine in engines:
             if engine not in self.attached:
                 continue
             record = self._records.get(engine)
             tokens, since = (0, self.started_unix) if record is None else record
-            found[engine] = RankProgress(int(tokens), since, SOURCE, (held or {}).get(engine))
+            own = (held or {}).get(engine)
+            held_since = None
+            if own:
+                held_since = self._held_since.setdefault(engine, now)
+            else:
+                self._held_since.pop(engine, None)
+            found[engine] = RankProgress(int(tokens), since, SOURCE, own, held_since)
         return found
 
 

@@ -99,6 +99,40 @@ async def test_a_rank_that_holds_requests_and_computes_nothing_reads_stalled(
     assert doc["engines"][1]["progress"]["tokens"] == 120
 
 
+async def test_an_idle_rank_given_work_is_not_stalled_before_stall_after_from_then(
+    sim_vllm: SimVllm, embedded: EmbeddedExporters, stat_logger: Any
+) -> None:
+    """Idle past ``--stall-after`` (its last token long ago), rank 1 gets requests it has not
+    computed on yet (a long prefill): the stall clock starts when the work came, not at the
+    last token, so it reads awake first and stalled only ``--stall-after`` later."""
+    stall_s = 3.0
+    service = await embedded(sim_vllm.llm, stall_after=stall_s)
+    deadline = time.monotonic() + WAIT_S
+    while True:  # every rank idle for longer than --stall-after
+        doc, _ = await read(service)
+        if min(e["progress"]["age_seconds"] for e in doc["engines"]) > stall_s:
+            break
+        assert time.monotonic() < deadline, doc["engines"]
+        await asyncio.sleep(0.2)
+    assert [e["progress"]["held_since_unix"] for e in doc["engines"]] == [None, None, None]
+    holding(sim_vllm, 1, 1)
+    sim_vllm.engines[1].state.work.stuck = True
+    doc, _ = await read(service)  # the first poll that saw the work
+    one = doc["engines"][1]
+    assert one["state"] == "awake" and one["routable"]["routable"], one
+    assert one["progress"]["held"] == 1 and one["progress"]["age_seconds"] > stall_s, one
+    came = one["progress"]["held_since_unix"]
+    assert isinstance(came, float), one
+    deadline = time.monotonic() + WAIT_S
+    while one["state"] != "stalled":
+        assert time.monotonic() < deadline, f"rank 1 never stalled: {one}"
+        await asyncio.sleep(0.2)
+        doc, _ = await read(service)
+        one = doc["engines"][1]
+        assert one["progress"]["held_since_unix"] == came, one  # one stretch of work
+    assert time.time() - came >= stall_s
+
+
 async def test_a_paused_or_idle_rank_is_never_stalled_and_no_stat_logger_is_unknown(
     sim_vllm: SimVllm, embedded: EmbeddedExporters, stat_logger: Any
 ) -> None:

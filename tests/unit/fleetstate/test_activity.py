@@ -76,6 +76,17 @@ def test_a_rank_holding_requests_that_computed_nothing_for_stall_after_is_stalle
     assert not is_stalled(holding(), QUIET, 1000.0 + STALL_S - 0.1, STALL_S)  # not yet
 
 
+def test_the_stall_clock_starts_when_the_rank_got_its_work() -> None:
+    """Idle since 1000.0, a request held from 4600.0: no token for --stall-after after that."""
+    woken = RankProgress(500, 1000.0, "stat_logger", held=1, held_since_unix=4600.0)
+    assert not is_stalled(holding(), woken, 4600.0 + STALL_S - 0.1, STALL_S)  # its prefill
+    assert is_stalled(holding(), woken, 4600.0 + STALL_S, STALL_S)
+    # A token after the work came: the clock runs from the token.
+    stepped = RankProgress(510, 4650.0, "stat_logger", held=1, held_since_unix=4600.0)
+    assert not is_stalled(holding(), stepped, 4600.0 + STALL_S + 1, STALL_S)
+    assert is_stalled(holding(), stepped, 4650.0 + STALL_S, STALL_S)
+
+
 def test_every_condition_of_stalled_is_needed() -> None:
     late = 1000.0 + 10 * STALL_S
     assert not is_stalled(holding(), QUIET, late, 0.0)  # --stall-after 0: never

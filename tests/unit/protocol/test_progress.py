@@ -80,3 +80,7 @@ def test_the_clock_starts_at_the_first_read_and_moves_only_when_the_count_change
     clock.forget("0")
     assert clock.observe("0", 3, 40.0).last_progress_unix == 40.0
     assert RankProgress(1, 50.0, "metrics").age_s(40.0) == 0.0  # never negative
+    assert RankProgress(1, 50.0, "metrics").stall_age_s(60.0) == 10.0  # no work start: the token
+    assert RankProgress(1, 50.0, "metrics", 1, 55.0).stall_age_s(60.0) == 5.0  # the later one
+    assert RankProgress(1, 50.0, "metrics", 1, 45.0).stall_age_s(60.0) == 10.0
+    assert RankProgress(1, 50.0, "metrics", 1, 70.0).stall_age_s(60.0) == 0.0

@@ -45,9 +45,32 @@ def test_tokens_add_up_per_rank_and_each_rank_knows_when_they_last_grew() -> Non
     feed.record(1, Stats(0, 0))  # a step that computed nothing is no progress
     assert feed.progress([0, 1], {1: 2}) == {
         0: RankProgress(0, 100.0, SOURCE, None),  # nothing computed since the start
-        1: RankProgress(29, 103.0, SOURCE, 2),
+        1: RankProgress(29, 103.0, SOURCE, 2, held_since_unix=107.0),
     }
     assert (feed.records, feed.hostile) == (3, 0)
+
+
+def test_a_rank_holds_its_requests_since_the_first_read_that_saw_them() -> None:
+    """The stall clock's start: an idle rank's next request is work since it came, not since
+    the rank's last token an hour before."""
+    now = [100.0]
+    feed = running_feed(now)
+    feed.record(0, Stats(0, 10))
+    assert (feed.progress([0], {0: 0}) or {})[0].held_since_unix is None  # idle
+    now[0] = 3700.0  # an hour later a request arrives
+    first = (feed.progress([0], {0: 1}) or {})[0]
+    assert (first.last_progress_unix, first.held_since_unix) == (100.0, 3700.0)
+    assert first.stall_age_s(3710.0) == 10.0  # not 3,610 s
+    now[0] = 3705.0  # still held (more requests now): the same start
+    assert (feed.progress([0], {0: 3}) or {})[0].held_since_unix == 3700.0
+    now[0] = 3706.0
+    for gone in ({0: 0}, {0: None}, None):  # none held, or unknown: the start is dropped
+        assert (feed.progress([0], gone) or {})[0].held_since_unix is None
+        assert (feed.progress([0], {0: 1}) or {})[0].held_since_unix == now[0]
+        now[0] += 1.0
+    feed.stop()
+    feed.start()
+    assert (feed.progress([0], {0: 1}) or {})[0].held_since_unix == now[0]  # a new start
 
 
 def test_nothing_is_kept_while_no_exporter_runs_and_nothing_told_without_a_stat_logger() -> None:
