@@ -18,7 +18,9 @@ An RL training loop drives every DP rank without a subprocess and without parsin
 
 ``dp.wait(drained=True, timeout_s=60)`` holds until every rank has finished its work (vLLM's
 ``has_work`` false, no running or waiting request published); ``dp.status()`` has each rank's
-``has_work``, ``running``, ``waiting`` and ``drained``. ``dp.watch()`` follows the per-rank
+``has_work``, ``running``, ``waiting`` and ``drained``. A process snapshot (vLLM 0.34):
+``dp.checkpoint_prepare(mode="wait")``, ``dp.wait(checkpoint="prepared")``, capture,
+``dp.checkpoint_restore()``, ``dp.wait(checkpoint="running")``. ``dp.watch()`` follows the per-rank
 feed (``GET /watch``): one ``WatchEvent`` per rank, then one per change, resumed by itself
 after a dropped connection::
 
@@ -78,7 +80,7 @@ from exporter.remote.status import (
     Verdict,
 )
 from exporter.remote.sync import SyncClient, SyncWatch
-from exporter.remote.waiting import Progress
+from exporter.remote.waiting import CheckpointGoal, Progress
 from exporter.remote.watching import Reconnect, Reconnecting, Watch, WatchEvent, WatchRefused
 
 __all__ = [
@@ -90,6 +92,7 @@ __all__ = [
     "AuthError",
     "BadRequest",
     "BasicAuth",
+    "CheckpointGoal",
     "Client",
     "Conflict",
     "Credentials",

@@ -1,9 +1,9 @@
 """``Client``: a running exporter's HTTP surface from asyncio code (aiohttp).
 
-Every admin action (``POST <admin_url>/admin/<action>``), the gate (``GET <url>/gate``) and the
-status document (``GET <url>/status``), with typed results and typed errors
-(``exporter.remote.results``, ``exporter.remote.errors``). ``ctl`` and the demo's trainer make
-their calls through it: one HTTP path in the code base talks to an exporter.
+Every admin action (``POST <admin_url>/admin/<action>``; by name: ``exporter.remote.actions``),
+the gate (``GET <url>/gate``) and the status document (``GET <url>/status``), with typed results
+and typed errors (``exporter.remote.results``, ``exporter.remote.errors``). ``ctl`` and the
+demo's trainer make their calls through it: one HTTP path in the code base talks to an exporter.
 
 Retries only where they are safe: reads (``status``, ``gate``) are retried after a connection
 error or a transient 5xx; a state-changing action only when it carries an Idempotency-Key,
@@ -17,12 +17,18 @@ from __future__ import annotations
 import re
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 
 from exporter.error import ConfigError
+from exporter.remote.actions import ACTION_TIMEOUT_S as ACTION_TIMEOUT_S
+from exporter.remote.actions import RESET_TIMEOUT_S as RESET_TIMEOUT_S
+from exporter.remote.actions import VERIFY_TIMEOUT_S as VERIFY_TIMEOUT_S
+from exporter.remote.actions import NamedActions
+from exporter.remote.actions import PauseMode as PauseMode
+from exporter.remote.actions import WakeTag as WakeTag
 from exporter.remote.answers import (
     MAX_ANSWER_BYTES,
     UNSUPPORTED_STATUS,
@@ -44,9 +50,11 @@ from exporter.remote.status import Status
 from exporter.remote.urls import base_url, join
 from exporter.remote.waiting import (
     REQUEST_TIMEOUT_S,
+    CheckpointGoal,
     ProgressCallback,
     query,
     wait_for_gate,
+    with_checkpoint,
     with_drained,
 )
 from exporter.remote.watching import Reconnect, ReconnectCallback, Watch
@@ -55,16 +63,6 @@ DEFAULT_URL = "http://127.0.0.1:19400"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:19401"
 #: A read: /status and one gate check.
 READ_TIMEOUT_S = 10.0
-#: A state-changing action: the exporter's call and its read-back may take --action-timeout
-#: (60 s) each.
-ACTION_TIMEOUT_S = 150.0
-#: The prefix-cache reset (one call, no read-back).
-RESET_TIMEOUT_S = 60.0
-#: verify_weights: the exporter waits up to --verify-weights-timeout (300 s) for checksums.
-VERIFY_TIMEOUT_S = 330.0
-#: What an engine may do with running requests while it pauses or sleeps.
-PauseMode = Literal["abort", "wait", "keep"]
-WakeTag = Literal["weights", "kv_cache"]
 _ACTION_NAME = re.compile(r"[a-z][a-z_]{0,63}")
 T = TypeVar("T")
 
@@ -86,7 +84,7 @@ def _failure_line(result: ActionResult) -> str:
     return printable(f"{result.action}: {result.outcome} ({why or result.error or 'no engine'})")
 
 
-class Client:
+class Client(NamedActions):
     """A client of one exporter: ``url`` its metrics listener (``/status``, ``/gate``),
     ``admin_url`` its admin listener (``/admin/<action>``); either may be None when unused.
     With the vLLM plugin both are ``http://host:8000/dp``.
@@ -166,6 +164,7 @@ class Client:
         self,
         *,
         drained: bool | None = None,
+        checkpoint: CheckpointGoal | None = None,
         timeout_s: float = READ_TIMEOUT_S,
         retry: Retry | None = None,
         **conditions: Any,
@@ -177,8 +176,10 @@ class Client:
         asked); each engine's ``requests`` are its running and waiting counts where the
         attach mode knows them. A question the gate rejects raises (``BadRequest`` for an
         unknown condition, or a ``drained`` that is not a boolean; ``Unsupported``, 501, for
-        a condition no engine can answer, e.g. ``drained`` where no vLLM has ``has_work``)."""
-        return await self._gate(with_drained(conditions, drained), timeout_s, retry)
+        a condition no engine can answer, e.g. ``drained`` where no vLLM has ``has_work``).
+        ``checkpoint="prepared"`` (or ``"running"``): every rank's vLLM 0.34 checkpoint state."""
+        wanted = with_checkpoint(with_drained(conditions, drained), checkpoint)
+        return await self._gate(wanted, timeout_s, retry)
 
     async def _gate(
         self, conditions: Mapping[str, Any], timeout_s: float, retry: Retry | None
@@ -214,6 +215,7 @@ class Client:
         timeout_s: float = 300.0,
         *,
         drained: bool | None = None,
+        checkpoint: CheckpointGoal | None = None,
         progress: ProgressCallback | None = None,
         interval_s: float = 1.0,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
@@ -221,10 +223,12 @@ class Client:
         """Ask the gate every ``interval_s`` until it opens (its answer) or ``timeout_s``
         passes (``WaitTimeout``, with the last answer). ``drained=True`` adds the condition
         that every rank has finished its work (as ``gate``; the same as ``{"drained": True}``
-        in ``conditions``). ``progress`` sees every closed answer and every retried failure
-        (``exporter.remote.waiting``): ``Progress.summary`` names the ranks that still have
-        work, with their counts where known."""
-        wanted = with_drained(conditions, drained)  # BadRequest at once, never retried
+        in ``conditions``); ``checkpoint="prepared"`` that every rank can be captured
+        (``"running"``: every one serves again). ``progress`` sees every closed answer and
+        every retried failure (``exporter.remote.waiting``): ``Progress.summary`` names the
+        ranks that still fail, with their counts or checkpoint errors where known."""
+        # BadRequest at once, never retried.
+        wanted = with_checkpoint(with_drained(conditions, drained), checkpoint)
 
         async def check(request_timeout: float) -> GateResult:
             return await self._gate(wanted, request_timeout, NO_RETRY)
@@ -304,118 +308,3 @@ class Client:
         if answer.status == 503:
             raise NoEngineConnected(answer.message, result=result, **common)
         return result
-
-    async def reset_prefix_cache(
-        self,
-        *,
-        reset_running_requests: bool = False,
-        reset_connector: bool = False,
-        idempotency_key: str | None = None,
-        timeout_s: float = RESET_TIMEOUT_S,
-    ) -> ActionResult:
-        """Reset the prefix cache on every engine (confirmed by each engine's own ``true``)."""
-        params = {
-            "reset_running_requests": str(reset_running_requests).lower(),
-            "reset_connector": str(reset_connector).lower(),
-        }
-        return await self.action(
-            "reset_prefix_cache", params, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def sleep(
-        self,
-        level: int = 1,
-        mode: PauseMode | None = None,
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float = ACTION_TIMEOUT_S,
-    ) -> ActionResult:
-        """Put every engine to sleep (level 0, 1 or 2); verified by ``is_sleeping``. ``mode``
-        is sent only when given (older vLLM takes the level only)."""
-        params = {"level": str(level)}
-        if mode is not None:
-            params["mode"] = mode
-        return await self.action(
-            "sleep", params, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def wake_up(
-        self,
-        tags: Sequence[WakeTag] | str | None = None,
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float = ACTION_TIMEOUT_S,
-    ) -> ActionResult:
-        """Wake every engine up: everything (verified awake), or only ``tags`` (``weights``,
-        ``kv_cache``; no read-back unless every tag is named)."""
-        joined = tags if isinstance(tags, str) else ",".join(tags or ())
-        params = {"tags": joined} if joined else {}
-        return await self.action(
-            "wake_up", params, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def pause(
-        self,
-        mode: PauseMode | None = None,
-        *,
-        clear_cache: bool | None = None,
-        idempotency_key: str | None = None,
-        timeout_s: float = ACTION_TIMEOUT_S,
-    ) -> ActionResult:
-        """Pause every engine's scheduler (the exporter's default mode: abort); verified.
-        ``clear_cache=False``: vLLM keeps its caches (and, mode keep, the running requests'
-        KV blocks); None sends nothing (vLLM's default: cleared)."""
-        params: dict[str, str] = {"mode": mode} if mode is not None else {}
-        if clear_cache is not None:
-            params["clear_cache"] = "true" if clear_cache else "false"
-        return await self.action(
-            "pause", params, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def resume(
-        self, *, idempotency_key: str | None = None, timeout_s: float = ACTION_TIMEOUT_S
-    ) -> ActionResult:
-        """Resume every engine's scheduler; verified."""
-        return await self.action("resume", idempotency_key=idempotency_key, timeout_s=timeout_s)
-
-    async def weight_version(
-        self,
-        version: str,
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float = ACTION_TIMEOUT_S,
-    ) -> ActionResult:
-        """Set the weight version on every engine; verified by ``get_weight_version``."""
-        return await self.action(
-            "weight_version",
-            body={"weight_version": version},
-            idempotency_key=idempotency_key,
-            timeout_s=timeout_s,
-        )
-
-    set_weight_version = weight_version
-
-    async def reset_mm_cache(
-        self, *, idempotency_key: str | None = None, timeout_s: float = ACTION_TIMEOUT_S
-    ) -> ActionResult:
-        """Reset the multi-modal cache on every engine (no state to read back)."""
-        return await self.action(
-            "reset_mm_cache", idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def reset_encoder_cache(
-        self, *, idempotency_key: str | None = None, timeout_s: float = ACTION_TIMEOUT_S
-    ) -> ActionResult:
-        """Reset the encoder cache on every engine (no state to read back)."""
-        return await self.action(
-            "reset_encoder_cache", idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
-
-    async def verify_weights(
-        self, *, idempotency_key: str | None = None, timeout_s: float = VERIFY_TIMEOUT_S
-    ) -> ActionResult:
-        """Compare weight checksums across DP ranks: an engine that disagrees with the
-        majority fails as ``mismatch`` (its ``mismatching_parameters`` name them)."""
-        return await self.action(
-            "verify_weights", idempotency_key=idempotency_key, timeout_s=timeout_s
-        )

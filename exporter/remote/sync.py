@@ -34,7 +34,7 @@ from exporter.remote.errors import RemoteError, Unreachable
 from exporter.remote.http import Retry
 from exporter.remote.results import ActionResult, GateResult
 from exporter.remote.status import Status
-from exporter.remote.waiting import REQUEST_TIMEOUT_S, ProgressCallback
+from exporter.remote.waiting import REQUEST_TIMEOUT_S, CheckpointGoal, ProgressCallback
 from exporter.remote.watching import Reconnect, ReconnectCallback, Watch, WatchEvent
 
 T = TypeVar("T")
@@ -125,9 +125,16 @@ class SyncClient:
         return self._call(self._client.status(timeout_s=timeout_s), timeout_s)
 
     def gate(
-        self, *, drained: bool | None = None, timeout_s: float = READ_TIMEOUT_S, **conditions: Any
+        self,
+        *,
+        drained: bool | None = None,
+        checkpoint: CheckpointGoal | None = None,
+        timeout_s: float = READ_TIMEOUT_S,
+        **conditions: Any,
     ) -> GateResult:
-        coro = self._client.gate(drained=drained, timeout_s=timeout_s, **conditions)
+        coro = self._client.gate(
+            drained=drained, checkpoint=checkpoint, timeout_s=timeout_s, **conditions
+        )
         return self._call(coro, timeout_s)
 
     def wait(
@@ -136,6 +143,7 @@ class SyncClient:
         timeout_s: float = 300.0,
         *,
         drained: bool | None = None,
+        checkpoint: CheckpointGoal | None = None,
         progress: ProgressCallback | None = None,
         interval_s: float = 1.0,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
@@ -144,6 +152,7 @@ class SyncClient:
             conditions,
             timeout_s,
             drained=drained,
+            checkpoint=checkpoint,
             progress=progress,
             interval_s=interval_s,
             request_timeout_s=request_timeout_s,
@@ -263,6 +272,24 @@ class SyncClient:
         self, *, idempotency_key: str | None = None, timeout_s: float = VERIFY_TIMEOUT_S
     ) -> ActionResult:
         coro = self._client.verify_weights(idempotency_key=idempotency_key, timeout_s=timeout_s)
+        return self._call(coro, timeout_s)
+
+    def checkpoint_prepare(
+        self,
+        mode: PauseMode | None = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float = ACTION_TIMEOUT_S,
+    ) -> ActionResult:
+        coro = self._client.checkpoint_prepare(
+            mode, idempotency_key=idempotency_key, timeout_s=timeout_s
+        )
+        return self._call(coro, timeout_s)
+
+    def checkpoint_restore(
+        self, *, idempotency_key: str | None = None, timeout_s: float = ACTION_TIMEOUT_S
+    ) -> ActionResult:
+        coro = self._client.checkpoint_restore(idempotency_key=idempotency_key, timeout_s=timeout_s)
         return self._call(coro, timeout_s)
 
 

@@ -16,7 +16,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from exporter.remote.answers import UNSUPPORTED_STATUS, printable
 from exporter.remote.errors import BadRequest, RemoteError, WaitTimeout
@@ -77,6 +77,32 @@ def with_drained(conditions: Mapping[str, Any] | None, drained: bool | None) -> 
             f"drained={printable(repr(wanted[DRAINED]))}"
         )
     wanted[DRAINED] = drained
+    return wanted
+
+
+#: The gate's condition on each rank's vLLM 0.34 checkpoint state, and what it may ask.
+CHECKPOINT = "checkpoint"
+CheckpointGoal = Literal["prepared", "running"]
+CHECKPOINT_GOALS: tuple[CheckpointGoal, ...] = ("prepared", "running")
+
+
+def with_checkpoint(conditions: Mapping[str, Any], checkpoint: str | None) -> dict[str, Any]:
+    """``conditions`` plus ``checkpoint`` (None: not asked). ``BadRequest`` (before anything
+    is sent, so a wait never burns its timeout on a typo) for a state the gate does not wait
+    on, or one that contradicts a ``checkpoint`` in ``conditions``."""
+    wanted = dict(conditions)
+    if checkpoint is None:
+        return wanted
+    if checkpoint not in CHECKPOINT_GOALS:
+        raise BadRequest(
+            f"checkpoint must be 'prepared' or 'running', got {printable(repr(checkpoint))}"
+        )
+    if CHECKPOINT in wanted and wanted[CHECKPOINT] != checkpoint:
+        raise BadRequest(
+            f"checkpoint={checkpoint} contradicts the conditions' "
+            f"checkpoint={printable(repr(wanted[CHECKPOINT]))}"
+        )
+    wanted[CHECKPOINT] = checkpoint
     return wanted
 
 

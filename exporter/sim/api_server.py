@@ -16,6 +16,9 @@ envelope, and after every 500 from an exception the TCP connection is closed wit
 checked (vLLM's ``--api-key`` does not cover the dev routes). With the dev routes it serves
 ``POST /v1/completions`` and ``/v1/chat/completions``: ``X-data-parallel-rank`` pins a request to
 an engine as vLLM does (a rank out of range is its 400), ``completions`` counts where each went.
+A 0.34 server (``vllm_version``; its engines are of its release) whose engines run with sleep
+mode serves vLLM 0.34's ``/checkpoint/{status,prepare,restore}`` whatever the dev mode
+(``exporter.sim.api_checkpoint``; ``checkpoint_routes.answers``: a hostile answer).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.protocol.pushes import encode_ft_status_value
+from exporter.sim.api_checkpoint import CheckpointRoutes, mounted
 from exporter.sim.api_elastic import ELASTIC_EP_PATH, SimElasticEp
 from exporter.sim.api_routes import COMPLETION_ROUTES, ApiRoutes, Handler
 from exporter.sim.api_wire import (
@@ -67,6 +71,7 @@ class SimApiServer(ApiRoutes):
                 o.engine_options[i] if i < len(o.engine_options) else SimOptions(),
                 story_offset=o.story_offset + i,
                 story_count=count,
+                vllm_version=o.vllm_version,  # the engines behind a server are of its release
             )
             for i in range(o.engines)
         ]
@@ -85,6 +90,8 @@ class SimApiServer(ApiRoutes):
         self.metrics_answer: bytes | None = None
         #: ``POST /is_scaling_elastic_ep``'s operation and faults (``set_elastic_ep``).
         self.elastic_ep = SimElasticEp()
+        #: vLLM 0.34's checkpoint routes over these engines (served when ``checkpoint_served``).
+        self.checkpoint_routes = CheckpointRoutes(self._call_all)
         #: (method, path with query, Authorization header or None) of every request received.
         self.requests: list[tuple[str, str, str | None]] = []
         #: Path with query → requests answered, each once its handler's answer was handed
@@ -130,6 +137,14 @@ class SimApiServer(ApiRoutes):
         if first is not None:
             first.update(last_ft_request_id=request_id, ft_error=reason)
 
+    @property
+    def checkpoint_served(self) -> bool:
+        """vLLM mounts its checkpoint routes from 0.34 on, with ``--enable-sleep-mode`` (one
+        flag for the whole server: here, every engine's ``enable_sleep_mode``)."""
+        o = self.options
+        sleep_mode = all(opts.enable_sleep_mode for opts in self.engine_options)
+        return mounted(o.vllm_version, o.rust_front_end, sleep_mode)
+
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _build_app(self) -> web.Application:
@@ -141,6 +156,10 @@ class SimApiServer(ApiRoutes):
             app.router.add_get(path, self._ft_status, allow_head=False)
         if ELASTIC_EP_PATH not in self.options.missing_routes:  # wherever vLLM serves generate
             app.router.add_post(ELASTIC_EP_PATH, self._elastic_ep_status)
+        if self.checkpoint_served:  # beside generate too, whatever the dev mode
+            for verb, path, handler in self.checkpoint_routes.routes():
+                if path not in self.options.missing_routes:
+                    app.router.add_route(verb, path, handler)
         if self.options.dev_mode:
             # vLLM serves its OpenAI routes whatever the dev mode; the simulation only with
             # the dev routes (a server without them keeps its three routes).

@@ -73,8 +73,9 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def _query_mode(request: web.Request) -> str:
-    mode = request.query.get("mode", "abort")
+def _query_mode(request: web.Request, default: str = "abort") -> str:
+    """``mode`` as vLLM's ``PauseMode`` query parameter (its default differs by route)."""
+    mode = request.query.get("mode", default)
     if mode not in PAUSE_MODES:
         raise _BadQuery("mode", mode, "literal_error", "Input should be 'abort', 'wait' or 'keep'")
     return mode

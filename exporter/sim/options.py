@@ -137,6 +137,8 @@ class ApiServerOptions:
     story_period_s: float | None = None  # run exporter.sim.story on the engines
     story_offset: int = 0  # position of this server's first engine in the fleet
     story_count: int | None = None  # fleet size for the story (default: this server's engines)
+    #: Its release (``GET /version``), its engines' too: from 0.34 on they have the checkpoint
+    #: lifecycle, and the server its routes when every engine has ``enable_sleep_mode``.
     vllm_version: str = "0.33.0"
     #: Routes this server does not have (404), e.g. ``{"/weight_info"}`` for an older vLLM.
     missing_routes: frozenset[str] = frozenset()

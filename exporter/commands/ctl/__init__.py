@@ -2,8 +2,9 @@
 the per-rank feed (``watch``) from shell scripts and RL training loops.
 
 Exit codes: 0 success (``watch``: stopped by ``--count``, Ctrl-C or SIGTERM), 2 partial failure
-(some engine did not confirm an action, or the fleet is not consistent), 1 any other error
-(unreachable exporter, bad token, bad request, ``wait`` timed out, ``watch`` gave up).
+(some engine did not confirm an action, or the fleet is not consistent), 4 unsupported (no
+engine can do the action, or answer ``wait``'s condition), 1 any other error (unreachable
+exporter, bad token, bad request, ``wait`` timed out, ``watch`` gave up).
 
 Every HTTP call goes through ``exporter.remote`` (TLS and basic auth included: ``--ca-file``,
 ``--cert-file``, ``--key-file``, ``--basic-auth-file`` or ``$VLLM_DP_EXPORTER_CTL_BASIC_AUTH``).
@@ -26,6 +27,7 @@ from exporter.commands.ctl.admin import (
     format_reset,
     runner,
 )
+from exporter.commands.ctl.checkpoint import add_checkpoint_command, run_checkpoint
 from exporter.commands.ctl.common import EXIT_ERROR, clean
 from exporter.commands.ctl.status import add_status_command, format_status, run_status
 from exporter.commands.ctl.wait import add_wait_command, run_wait
@@ -49,10 +51,16 @@ def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
     add_wait_command(sub)
     add_watch_command(sub)
     add_admin_commands(sub)
+    add_checkpoint_command(sub)
 
 
 def run_ctl(args: argparse.Namespace) -> int:
-    commands: dict[str, Runner] = {"status": run_status, "wait": run_wait, "watch": run_watch}
+    commands: dict[str, Runner] = {
+        "status": run_status,
+        "wait": run_wait,
+        "watch": run_watch,
+        "checkpoint": run_checkpoint,
+    }
     command = commands.get(args.ctl_command) or runner(args.ctl_command)
     if command is None:
         print(f"ctl: unknown command {clean(args.ctl_command)}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """``ctl status``: the per-engine state from ``GET /status`` (``exporter.remote.Client.status``):
 one row per engine with its state, invariants, fault-tolerance status and activity (vLLM's
 ``has_work`` answer and its running and waiting requests; ``-`` while unknown: not read in
-this attach mode, not this poll, or an exporter older than them). ``--json`` prints the
-document as the exporter sent it."""
+this attach mode, not this poll, or an exporter older than them). A CHECKPOINT column (vLLM
+0.34's process-checkpoint state, ``failed (its error)``) only when some engine reports one, so
+a fleet before 0.34 reads as before. ``--json`` prints the document as the exporter sent it."""
 
 from __future__ import annotations
 
@@ -46,6 +47,29 @@ HEADERS = [
     "WAITING",
     "ERROR",
 ]
+
+
+#: The optional column, placed before HAS_WORK when shown.
+CHECKPOINT_HEADER = "CHECKPOINT"
+
+
+def _checkpoint_row(e: dict[str, Any]) -> dict[str, Any]:
+    row = e.get("invariants", {}).get("checkpoint_state")
+    return row if isinstance(row, dict) else {}
+
+
+def reports_checkpoint(engines: list[dict[str, Any]]) -> bool:
+    """Whether any engine was asked its checkpoint state and has the method (vLLM 0.34)."""
+    return any(_checkpoint_row(e).get("outcome") not in (None, "unsupported") for e in engines)
+
+
+def checkpoint_cell(e: dict[str, Any]) -> str:
+    """``prepared``, ``failed (CUDA error)``; ``-`` while unknown (a failed read too)."""
+    value = _checkpoint_row(e).get("value")
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+        return "-"
+    state, error = value
+    return text(state) + (f" ({text(error)})" if error is not None else "")
 
 
 def _engine_row(e: dict[str, Any]) -> list[str]:
@@ -102,11 +126,30 @@ def format_status(body: dict[str, Any]) -> str:
         head += "  FAULTY " + ",".join(text(e) for e in faulty)
     elif fault_tolerance.get("healthy", True) is None:
         head += "  fault tolerance: not available in this mode"
+    engines = body.get("engines", [])
+    checkpoint = reports_checkpoint(engines)
+    if checkpoint:
+        head += _checkpoint_verdict(aggregate.get("checkpoint_state", {}))
     for verdict_body in (agg, weights):
         if verdict_body.get("error"):
             head += f"\n{clean(verdict_body['error'])}"
-    rows = [_engine_row(e) for e in body.get("engines", [])]
-    return head + "\n" + table(HEADERS, rows)
+    headers, rows = HEADERS, [_engine_row(e) for e in engines]
+    if checkpoint:
+        at = HEADERS.index("HAS_WORK")
+        headers = [*HEADERS[:at], CHECKPOINT_HEADER, *HEADERS[at:]]
+        rows = [[*r[:at], checkpoint_cell(e), *r[at:]] for r, e in zip(rows, engines, strict=True)]
+    return head + "\n" + table(headers, rows)
+
+
+def _checkpoint_verdict(verdict: dict[str, Any]) -> str:
+    """The fleet line's part: ``checkpoint prepared`` when every rank agrees,
+    ``checkpoint INCONSISTENT`` when they do not (the rows say which)."""
+    value = verdict.get("value")
+    if verdict.get("state") == "consistent" and isinstance(value, list) and value:
+        return f"  checkpoint {text(value[0])}"
+    if verdict.get("state") == "inconsistent":
+        return "  checkpoint INCONSISTENT"
+    return ""
 
 
 async def run_status(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 The one line an RL script runs before it resumes traffic:
 ``ctl wait --weight-version V --awake --resumed --timeout 300``; before a weight update,
-``ctl wait --drained --timeout 60`` holds once every rank has finished its work. Exit 0 once
+``ctl wait --drained --timeout 60`` holds once every rank has finished its work; around a process
+snapshot (vLLM 0.34), ``ctl wait --checkpoint prepared`` once every rank can be captured and
+``--checkpoint running`` once every one serves again. Exit 0 once
 the gate answers 200; exit 1 when the timeout passes (printing, per failing engine, what still
 fails) or when the gate rejects the question itself (400: a bad condition; 404: no gate on that
 address); exit 4 for a condition no engine can answer (501). While it waits, each change in
@@ -29,6 +31,7 @@ from exporter.commands.ctl.common import (
     connect,
     text,
 )
+from exporter.protocol.checkpoint import GATE_STATES
 from exporter.remote import BadRequest, Progress, RemoteError, Unsupported, WaitTimeout
 from exporter.remote.waiting import REQUEST_TIMEOUT_S
 
@@ -61,6 +64,12 @@ def add_wait_command(sub: Any) -> None:
         help="every rank finished its work (has_work false, no request running or waiting)",
     )
     work.add_argument("--busy", dest="drained", action="store_false", help="every rank has work")
+    p.add_argument(
+        "--checkpoint",
+        choices=GATE_STATES,
+        default=None,
+        help="every rank's vLLM 0.34 checkpoint state is this (prepared: safe to capture)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--json", action="store_true", help="print the last gate answer as JSON")
@@ -79,6 +88,8 @@ def gate_params(args: argparse.Namespace) -> dict[str, str]:
         params["healthy"] = "true"
     if args.drained is not None:
         params["drained"] = str(args.drained).lower()
+    if args.checkpoint is not None:
+        params["checkpoint"] = args.checkpoint
     return params
 
 
@@ -129,11 +140,17 @@ class Reporter:
             print(f"ctl: waiting ({progress.elapsed_s:.1f}s): {line}", file=sys.stderr)
 
 
+#: Conditions an older exporter's gate does not know (it answers 400 naming them).
+NEWER_CONDITIONS = ("drained", "checkpoint")
+
+
 def rejected(exc: RemoteError, params: dict[str, str]) -> str:
-    """Why the gate rejected the question (an exporter older than ``drained`` says so)."""
+    """Why the gate rejected the question (an exporter older than ``drained`` or
+    ``checkpoint`` says so)."""
     line = f"HTTP {exc.status} from {exc.url}: {exc.detail}"
-    if isinstance(exc, BadRequest) and "drained" in params and "'drained'" in exc.detail:
-        line += " (this exporter predates the drained condition: upgrade it)"
+    for name in NEWER_CONDITIONS:
+        if isinstance(exc, BadRequest) and name in params and f"'{name}'" in exc.detail:
+            line += f" (this exporter predates the {name} condition: upgrade it)"
     return line
 
 

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Awaitable
@@ -22,6 +23,18 @@ from exporter.remote import ActionResult, Client, Credentials, RemoteError, Secr
 log = logging.getLogger("exporter.demo")
 
 ATTACH_MODES = ("owner", "http", "relay")
+#: The release the simulated engines (and API servers) imitate by default: the simulation's
+#: own (``SimOptions.vllm_version``). From 0.34 on they have the process-checkpoint lifecycle.
+DEFAULT_VLLM_VERSION = "0.33.0"
+_VERSION = re.compile(r"\d+\.\d+(\.\d+)?([.+\-]?[0-9A-Za-z.+\-]{0,32})?")
+
+
+def release_arg(raw: str) -> str:
+    """``--vllm-version``: a release as vLLM names one (``0.34.0``, ``0.34.0rc1``), else
+    argparse's error (exit 2), not a fleet that silently imitates no release."""
+    if not _VERSION.fullmatch(raw):
+        raise argparse.ArgumentTypeError(f"not a vLLM release: {raw[:64]!r} (e.g. 0.34.0)")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -42,12 +55,16 @@ class DemoOptions:
     web_config_file: str | None = None
     #: ``serve --admin-token-file``: the admin listener's bearer token.
     admin_token_file: str | None = None
+    #: The vLLM release the engines imitate (0.34: the checkpoint lifecycle and its routes).
+    vllm_version: str = DEFAULT_VLLM_VERSION
 
     def __post_init__(self) -> None:
         if self.engines < 1:
             raise ValueError("engines must be at least 1")
         if self.attach not in ATTACH_MODES:
             raise ValueError(f"attach must be one of {', '.join(ATTACH_MODES)}")
+        if not _VERSION.fullmatch(self.vllm_version):
+            raise ValueError(f"vllm_version is not a vLLM release: {self.vllm_version[:64]!r}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoOptions:
@@ -98,6 +115,14 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the admin listener's bearer token (the demo's own resets use it too)",
     )
+    p.add_argument(
+        "--vllm-version",
+        type=release_arg,
+        default=d.vllm_version,
+        metavar="VERSION",
+        help="the vLLM release the simulated engines imitate (default %(default)s; 0.34.0: "
+        "the process-checkpoint lifecycle, ctl checkpoint and the CHECKPOINT column)",
+    )
 
 
 def engine_groups(count: int, max_processes: int = 8) -> list[tuple[int, int]]:
@@ -106,9 +131,14 @@ def engine_groups(count: int, max_processes: int = 8) -> list[tuple[int, int]]:
     return [(start, min(size, count - start)) for start in range(0, count, size)]
 
 
-def spawn_engines(handshake: str, count: int, story_period: float) -> list[subprocess.Popen[bytes]]:
-    """Start ``count`` simulated engines (``sim-engine`` child processes) dialing ``handshake``,
-    all running the demo story as one fleet."""
+def spawn_engines(
+    handshake: str,
+    count: int,
+    story_period: float,
+    vllm_version: str = DEFAULT_VLLM_VERSION,
+) -> list[subprocess.Popen[bytes]]:
+    """Start ``count`` simulated engines (``sim-engine`` child processes) of ``vllm_version``
+    dialing ``handshake``, all running the demo story as one fleet."""
     procs = []
     for first, n in engine_groups(count):
         cmd = [
@@ -130,6 +160,8 @@ def spawn_engines(handshake: str, count: int, story_period: float) -> list[subpr
             "0",
             "--fleet-size",
             str(count),
+            "--vllm-version",
+            vllm_version,
         ]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
     return procs

@@ -14,7 +14,12 @@ import contextlib
 
 from aiohttp import web
 
-from exporter.commands.demo.common import DemoOptions, demo_config, serve_demo
+from exporter.commands.demo.common import (
+    DEFAULT_VLLM_VERSION,
+    DemoOptions,
+    demo_config,
+    serve_demo,
+)
 from exporter.sim.api_server import start_api_server
 from exporter.sim.options import ApiServerOptions
 
@@ -29,9 +34,14 @@ def node_sizes(engines: int, max_nodes: int = MAX_NODES) -> list[int]:
 
 
 async def start_nodes(
-    engines: int, story_period: float | None, host: str = "127.0.0.1"
+    engines: int,
+    story_period: float | None,
+    host: str = "127.0.0.1",
+    *,
+    vllm_version: str = DEFAULT_VLLM_VERSION,
 ) -> tuple[list[web.AppRunner], list[str]]:
-    """Start the simulated API servers; returns their runners and ``nodeN=URL`` targets."""
+    """Start the simulated API servers of ``vllm_version`` (0.34: with the checkpoint routes);
+    returns their runners and ``nodeN=URL`` targets."""
     runners: list[web.AppRunner] = []
     targets: list[str] = []
     offset = 0
@@ -42,6 +52,7 @@ async def start_nodes(
                 story_period_s=story_period,
                 story_offset=offset,
                 story_count=engines,
+                vllm_version=vllm_version,
             )
             runner, url = await start_api_server(host, 0, options)
             runners.append(runner)
@@ -65,7 +76,9 @@ async def run_http_demo(options: DemoOptions, stop: asyncio.Event | None = None)
     ``options.handshake_address`` is not used (there is no handshake in HTTP mode).
     """
     engines = options.engines
-    runners, targets = await start_nodes(engines, options.story_period)
+    runners, targets = await start_nodes(
+        engines, options.story_period, vllm_version=options.vllm_version
+    )
     try:
         config = demo_config(options, attach="http", http_target=tuple(targets))
         headline = [

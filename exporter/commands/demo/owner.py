@@ -21,7 +21,7 @@ async def run_owner_demo(options: DemoOptions, stop: asyncio.Event | None = None
     config = demo_config(
         options, attach="owner", engine_count=options.engines, handshake_address=handshake
     )
-    procs = spawn_engines(handshake, options.engines, options.story_period)
+    procs = spawn_engines(handshake, options.engines, options.story_period, options.vllm_version)
     headline = [f"vllm-dp-exporter demo: {options.engines} simulated engines on {handshake}"]
     try:
         await serve_demo(config, headline, options.reset_every, stop)

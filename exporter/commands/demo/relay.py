@@ -61,7 +61,7 @@ async def run_relay_demo(options: DemoOptions, stop: asyncio.Event | None = None
     )
     await frontend.start()
     reporter = asyncio.create_task(_report_frontend(frontend))
-    procs = spawn_engines(relay_address, engines, options.story_period)
+    procs = spawn_engines(relay_address, engines, options.story_period, options.vllm_version)
     try:
         headline = [
             f"vllm-dp-exporter demo (attach relay): {engines} simulated engines dial the "

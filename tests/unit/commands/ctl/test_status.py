@@ -11,7 +11,13 @@ import pytest
 
 from exporter.commands.ctl import status as ctl_status
 from exporter.commands.ctl.common import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
-from exporter.commands.ctl.status import HEADERS, add_status_command, format_status, run_status
+from exporter.commands.ctl.status import (
+    CHECKPOINT_HEADER,
+    HEADERS,
+    add_status_command,
+    format_status,
+    run_status,
+)
 from exporter.remote import AuthError, InvalidAnswer, RemoteError, Status, Unreachable
 
 DOC: dict[str, Any] = {
@@ -77,6 +83,46 @@ def test_split_weights_and_verdict_errors_are_shown() -> None:
     )
     assert lines[1:3] == ["engines disagree:\\x1b[2J 0, 1", "v6 != v7"]
     assert "weights" not in format_status({**DOC, "aggregate": {}}).splitlines()[0]
+
+
+def with_checkpoints(*rows: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
+    engines = [
+        {**e, "invariants": {**e["invariants"], "checkpoint_state": row}}
+        for e, row in zip(DOC["engines"], rows, strict=True)
+    ]
+    return {
+        **DOC,
+        "engines": engines,
+        "aggregate": {**DOC["aggregate"], "checkpoint_state": verdict},
+    }
+
+
+def test_a_checkpoint_column_only_when_an_engine_reports_one() -> None:
+    assert CHECKPOINT_HEADER not in format_status(DOC)  # an exporter or vLLM without it
+    unsupported = {"outcome": "unsupported", "value": None}
+    before = with_checkpoints(unsupported, unsupported, verdict={"state": "unknown"})
+    assert format_status(before) == format_status(DOC)  # vLLM before 0.34 reads as before
+    failed = {"outcome": "ok", "value": ["failed", "CUDA error:\x1b[2J lost"]}
+    body = with_checkpoints(
+        {"outcome": "ok", "value": ["prepared", None]},
+        failed,
+        verdict={"state": "inconsistent", "values": [["prepared", None], failed["value"]]},
+    )
+    head, header, up, down = format_status(body).splitlines()
+    assert head.endswith("weights v\\x1b7  checkpoint INCONSISTENT")
+    names = header.split()
+    assert names[names.index("FAULT") + 1 : names.index("FAULT") + 3] == ["CHECKPOINT", "HAS_WORK"]
+    at = header.index("CHECKPOINT")
+    assert up[at:].split()[0] == "prepared"
+    assert down[at:].startswith("failed (CUDA error:\\x1b[2J lost)")
+    agreed = with_checkpoints(
+        {"outcome": "ok", "value": ["prepared", None]},
+        {"outcome": "failed", "value": None, "error": "response is not JSON"},  # unknown: -
+        verdict={"state": "consistent", "value": ["prepared", None]},
+    )
+    head, header, _, down = format_status(agreed).splitlines()
+    assert head.endswith("  checkpoint prepared")
+    assert down[header.index("CHECKPOINT") :].split()[0] == "-"
 
 
 def test_the_options_and_their_defaults() -> None:

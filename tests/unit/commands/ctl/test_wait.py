@@ -84,6 +84,24 @@ def test_an_exporter_older_than_drained_is_told_to_upgrade() -> None:
     assert "upgrade" not in rejected(missing, {"drained": "true"})
 
 
+def test_the_checkpoint_condition_is_one_of_the_states_the_gate_waits_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert gate_params(parse("--checkpoint", "prepared")) == {"checkpoint": "prepared"}
+    assert gate_params(parse("--checkpoint", "running", "--awake")) == {
+        "sleeping": "false",
+        "checkpoint": "running",
+    }
+    with pytest.raises(SystemExit) as refused:
+        parse("--checkpoint", "restoring")  # a transition, not a state to wait for
+    assert refused.value.code == 2 and "invalid choice: 'restoring'" in capsys.readouterr().err
+    old = BadRequest("x", status=400, detail="unknown condition 'checkpoint'", url="http://h/gate")
+    assert rejected(old, {"checkpoint": "prepared"}).endswith(
+        "(this exporter predates the checkpoint condition: upgrade it)"
+    )
+    assert "upgrade" not in rejected(old, {"drained": "true"})
+
+
 @pytest.mark.parametrize("argv", [["--interval", "0"], ["--timeout", "-1"]])
 async def test_bad_timings_fail_before_connecting(
     argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -32,6 +32,7 @@ from exporter.config.settings import ServeConfig
 from exporter.config.webconfig import WebConfig
 from exporter.remote import ActionResult
 from exporter.remote.errors import Conflict, Forbidden, Unreachable
+from exporter.sim.options import ApiServerOptions, SimOptions
 
 TLS = WebConfig("web.yml", ssl_context=ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
 USERS = WebConfig("web.yml", users={b"alice": b"$2b$hash"})
@@ -69,9 +70,30 @@ def test_the_flags_defaults_are_the_options_defaults() -> None:
     assert DemoOptions.from_args(args) == DemoOptions(engines=6, attach="relay", reset_every=0)
 
 
+def test_the_vllm_version_is_a_release_and_defaults_to_the_simulations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    default = DemoOptions().vllm_version
+    assert default == SimOptions().vllm_version == ApiServerOptions().vllm_version
+    parser = argparse.ArgumentParser()
+    add_demo_arguments(parser)
+    for given in ("0.34.0", "0.34.0rc1", "0.35.1+cpu", "1.0"):
+        args = parser.parse_args(["--vllm-version", given])
+        assert DemoOptions.from_args(args).vllm_version == given
+    for bad in ("latest", "0.34.0; rm -rf /", "", "34"):
+        with pytest.raises(SystemExit) as refused:
+            parser.parse_args(["--vllm-version", bad])
+        assert refused.value.code == 2
+    assert "not a vLLM release: 'latest'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("kwargs", "says"),
-    [({"engines": 0}, "engines must be at least 1"), ({"attach": "inprocess"}, "attach must")],
+    [
+        ({"engines": 0}, "engines must be at least 1"),
+        ({"attach": "inprocess"}, "attach must"),
+        ({"vllm_version": "next"}, "not a vLLM release"),
+    ],
 )
 def test_options_that_cannot_run_are_refused(kwargs: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError, match=says):
@@ -104,12 +126,13 @@ def test_each_process_runs_its_group_as_part_of_the_whole_fleet(
         return cmd
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    spawn_engines("tcp://127.0.0.1:5555", 9, 40.0)
+    spawn_engines("tcp://127.0.0.1:5555", 9, 40.0, "0.34.0")
     assert len(started) == 5
     first = started[0][started[0].index("sim-engine") :]
     assert first == [
         "sim-engine", "--handshake-address", "tcp://127.0.0.1:5555", "--engine-index", "0",
         "--engine-count", "2", "--story-period", "40.0", "--fleet-start", "0", "--fleet-size", "9",
+        "--vllm-version", "0.34.0",
     ]  # fmt: skip
     last = started[-1]
     assert last[last.index("--engine-index") + 1] == "8"

@@ -71,6 +71,7 @@ async def test_each_node_plays_its_slice_of_one_story(monkeypatch: pytest.Monkey
         (1, 4, 5),
     ]
     assert {o.story_period_s for o in nodes.options} == {30.0} and len(runners) == 3
+    assert {o.vllm_version for o in nodes.options} == {"0.33.0"}  # the simulation's default
 
 
 async def test_a_node_that_cannot_start_stops_the_ones_started(
@@ -103,7 +104,7 @@ async def test_the_exporter_is_pointed_at_every_node(
             raise failure
 
     monkeypatch.setattr(http, "serve_demo", serve)
-    options = DemoOptions(engines=2, attach="http", reset_every=3.0)
+    options = DemoOptions(engines=2, attach="http", reset_every=3.0, vllm_version="0.34.0")
     if failure is None:
         assert await run_http_demo(options) == 0
     else:
@@ -111,6 +112,7 @@ async def test_the_exporter_is_pointed_at_every_node(
             await run_http_demo(options)
     config, headline, every = served[0]
     assert config.attach == "http" and every == 3.0
+    assert [o.vllm_version for o in nodes.options] == ["0.34.0", "0.34.0"]
     assert config.http_target == ("node0=http://127.0.0.1:8000", "node1=http://127.0.0.1:8001")
     assert headline == [
         "vllm-dp-exporter demo (attach http): 2 simulated engines behind 2 simulated vLLM "

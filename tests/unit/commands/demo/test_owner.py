@@ -19,7 +19,7 @@ class Recorder:
     """What ``run_owner_demo`` started, served and stopped."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: BaseException | None) -> None:
-        self.spawned: list[tuple[str, int, float]] = []
+        self.spawned: list[tuple[str, int, float, str]] = []
         self.served: list[tuple[ServeConfig, list[str], float]] = []
         self.stopped: list[list[str]] = []
         self.ports = 0
@@ -33,8 +33,10 @@ class Recorder:
         self.ports += 1
         return 45_000 + self.ports
 
-    def spawn(self, handshake: str, count: int, story_period: float) -> list[str]:
-        self.spawned.append((handshake, count, story_period))
+    def spawn(
+        self, handshake: str, count: int, story_period: float, vllm_version: str
+    ) -> list[str]:
+        self.spawned.append((handshake, count, story_period, vllm_version))
         return [f"engine-process-{i}" for i in range(count)]
 
     async def serve(
@@ -48,9 +50,9 @@ class Recorder:
 @pytest.mark.usefixtures("no_exporter_env")
 async def test_the_engines_dial_the_port_the_exporter_owns(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = Recorder(monkeypatch, None)
-    options = DemoOptions(engines=3, story_period=12.0, reset_every=2.0)
+    options = DemoOptions(engines=3, story_period=12.0, reset_every=2.0, vllm_version="0.34.0")
     assert await run_owner_demo(options) == 0
-    assert seen.spawned == [("tcp://127.0.0.1:45001", 3, 12.0)]
+    assert seen.spawned == [("tcp://127.0.0.1:45001", 3, 12.0, "0.34.0")]
     config, headline, every = seen.served[0]
     assert (config.attach, config.engine_count, config.handshake_address) == (
         "owner",

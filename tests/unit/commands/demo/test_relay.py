@@ -47,7 +47,7 @@ class Demo:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: BaseException | None) -> None:
         self.ports = iter([41001, 41002])
-        self.spawned: list[tuple[str, int, float]] = []
+        self.spawned: list[tuple[str, int, float, str]] = []
         self.served: list[tuple[ServeConfig, list[str]]] = []
         self.stopped: list[Any] = []
         self.fail = fail
@@ -58,8 +58,10 @@ class Demo:
         monkeypatch.setattr(relay, "serve_demo", self.serve)
         monkeypatch.setattr(relay, "stop_processes", self.stopped.append)
 
-    def spawn(self, handshake: str, count: int, story_period: float) -> list[str]:
-        self.spawned.append((handshake, count, story_period))
+    def spawn(
+        self, handshake: str, count: int, story_period: float, vllm_version: str
+    ) -> list[str]:
+        self.spawned.append((handshake, count, story_period, vllm_version))
         return ["procs"]
 
     async def serve(
@@ -78,7 +80,7 @@ async def test_engines_dial_the_relay_and_the_relay_dials_the_front_end(
     assert await run_relay_demo(DemoOptions(engines=2, call_timeout=0.5, story_period=9.0)) == 0
     frontend = FakeFrontend.made[0]
     assert frontend.args == ("tcp://127.0.0.1:41001", 2, 1.0, 0.5)
-    assert demo.spawned == [("tcp://127.0.0.1:41002", 2, 9.0)]
+    assert demo.spawned == [("tcp://127.0.0.1:41002", 2, 9.0, "0.33.0")]  # the default
     config, headline = demo.served[0]
     assert (config.attach, config.engine_count) == ("relay", 2)
     assert config.handshake_address == "tcp://127.0.0.1:41002"
