@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from e2e import web
 from e2e.traffic import LongGeneration, complete, start_long_generations
@@ -78,18 +78,18 @@ def brief(activity: dict[str, Any]) -> str:
     return f"{work} r{count('running')} w{count('waiting')}"
 
 
+_Sampler = TypeVar("_Sampler", bound="Sampler")
+
+
 @dataclass
-class ActivityLog:
-    """``/status`` read every ``SAMPLE_INTERVAL_S`` on a thread (a ``with`` block): every
-    rank's activity over time, for the timeline a report and a failure print."""
+class Sampler:
+    """A ``with`` block running ``_run`` on a daemon thread until the block ends (``_run``
+    loops until ``_stop`` is set); the thread is waited for at most 30 s."""
 
-    status: Callable[[], dict[str, Any]]
-    since: float = field(default_factory=time.monotonic)
-    samples: list[tuple[float, dict[str, dict[str, Any]]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
-    def __enter__(self) -> ActivityLog:
+    def __enter__(self: _Sampler) -> _Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -97,7 +97,20 @@ class ActivityLog:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class ActivityLog(Sampler):
+    """``/status`` read every ``SAMPLE_INTERVAL_S`` on a thread (a ``with`` block): every
+    rank's activity over time, for the timeline a report and a failure print."""
+
+    status: Callable[[], dict[str, Any]]
+    since: float = field(default_factory=time.monotonic)
+    samples: list[tuple[float, dict[str, dict[str, Any]]]] = field(default_factory=list)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,9 +115,16 @@ def start_plugin_server(
     token_file: Path,
     token: str,
     count: int = 2,
+    *,
+    settings: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    name: str = "vllm-serve-plugin",
 ) -> PluginServer:
     """``vllm serve --data-parallel-size count`` with ``VLLM_PLUGINS=dp_exporter`` polling every
-    second; ready once vLLM answers ``/health`` and the plugin ``/dp/readyz``."""
+    second; ready once vLLM answers ``/health`` and the plugin ``/dp/readyz``. ``settings``:
+    more ``VLLM_DP_EXPORTER_*`` settings (``{"STALL_AFTER": "8"}``), ``extra_env`` more of
+    the environment, ``extra_args`` more of ``vllm serve``'s flags."""
     port = free_port()
     api_url = f"http://{HOST}:{port}"
     env = vllm_env(
@@ -127,13 +134,14 @@ def start_plugin_server(
             "POLL_INTERVAL": "1",
             "ADMIN_TOKEN_FILE": str(token_file),
             "RESET_MIN_INTERVAL": "0",
+            **(settings or {}),
         },
     )
     # Dev mode: vLLM's own /pause, /resume and /weight_info, used next to the plugin's routes.
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    server = procs.start(
-        "vllm-serve-plugin", runtime.data_parallel_server(port, count), env, cwd=procs.log_dir
-    )
+    env.update(extra_env or {})
+    argv = runtime.data_parallel_server(port, count, *extra_args)
+    server = procs.start(name, argv, env, cwd=procs.log_dir)
     wait_api_ready(api_url, server)
     endpoint = Endpoint(api_url, api_url, "/dp", token)
     wait_every_api_server(endpoint, count, server)

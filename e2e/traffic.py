@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,11 +69,17 @@ class LongGeneration:
     ``started`` is set when the first token arrives: from then on, until ``finished``, the
     request is running on its engine and holds KV-cache blocks there. Polling vLLM's
     ``num_requests_running`` gauge instead is not exact (it is refreshed only while the engine
-    steps, so it can stay stale after the requests ended).
+    steps, so it can stay stale after the requests ended). ``headers``: extra request headers
+    (``{"X-data-parallel-rank": "1"}`` pins it to a DP rank, docs/routing.md).
     """
 
     def __init__(
-        self, api_url: str, prompt: str, max_tokens: int, timeout_s: float = 600.0
+        self,
+        api_url: str,
+        prompt: str,
+        max_tokens: int,
+        timeout_s: float = 600.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.started = threading.Event()
         self.finished = threading.Event()
@@ -88,7 +94,7 @@ class LongGeneration:
         request = urllib.request.Request(
             f"{api_url}/v1/completions",
             data=json.dumps(_body(prompt, max_tokens, True, True)).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
             method="POST",
         )
         self._thread = threading.Thread(target=self._run, args=(request, timeout_s), daemon=True)
