@@ -20,6 +20,7 @@ import pytest
 
 from e2e.fleets import HttpDeployment, OwnerFleet, start_http_deployment, start_owner_fleet
 from e2e.procs import ProcessGroup
+from e2e.vllm034 import ENGINE_VERSION, EngineCodeRuntime, EngineCodeUnavailable, prepare
 from e2e.vllm_features import VllmFeatures, read_features
 from e2e.vllm_install import install, is_ready, selected_version, venv_dir
 from e2e.vllm_runtime import VllmRuntime, prepare_runtime
@@ -223,3 +224,13 @@ def pytest_runtest_makereport(
         for group in _ACTIVE:
             report.sections.append((f"process logs ({group.log_dir})", group.tails()))
     return report
+
+
+@pytest.fixture(scope="module")
+def engine_code() -> EngineCodeRuntime:
+    """vLLM 0.34's engine code (installed on first use), sleep-capable, or the module skipped
+    (scenario 15: ``e2e/vllm034.py``)."""
+    try:
+        return prepare(sleep_mode=True)
+    except EngineCodeUnavailable as exc:
+        pytest.skip(f"no vLLM {ENGINE_VERSION} engine code: {exc}")

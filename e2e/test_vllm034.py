@@ -21,6 +21,9 @@ server and the 0.34 ``vllm-rs`` binary. Three deployments, one after the other (
   own ``/checkpoint/prepare`` and ``/checkpoint/restore`` read per rank by the exporter.
 * ``TestRelayBesideTheRustFrontEnd``: the same with 0.34's ``vllm-rs`` as the front end.
 
+In-process mode on 0.34 (the plugin inside 0.34's own ``vllm serve``) is the fourth deployment,
+``e2e/test_vllm034_inprocess.py``, which shares this module's helpers.
+
 Skipped, naming why, when the wheel (or orjson) cannot be fetched from PyPI.
 """
 
@@ -36,6 +39,16 @@ from typing import Any
 import pytest
 
 from e2e import web
+from e2e.checks034 import (
+    ENGINES,
+    POLLED,
+    PREPARED,
+    PROMPT,
+    RUNNING,
+    confirmed,
+    counted,
+    states,
+)
 from e2e.exporter_proc import (
     GATE_MIN_INTERVAL_S,
     ExporterProc,
@@ -52,16 +65,12 @@ from e2e.vllm034 import (
     ENGINE_VERSION,
     READY_LOG_PREFIX,
     EngineCodeRuntime,
-    EngineCodeUnavailable,
-    prepare,
 )
 from e2e.vllm_features import VllmFeatures, read_package_features
 from e2e.vllm_runtime import READY_TIMEOUT_S, wait_api_ready
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.vllm034]
 
-ENGINES = ("0", "1")
-POLLED = ("is_sleeping", "is_scheduler_paused", "get_weight_version", "checkpoint_state")
 #: Keys 0.34's registration adds to 0.33's 28 (docs/e2e.md, "Version matrix").
 NEW_IN_034 = (
     "vllm_config",
@@ -70,29 +79,9 @@ NEW_IN_034 = (
     "config_hash",
     "enable_expert_parallel",
 )
-RUNNING = ["running", None]
-PREPARED = ["prepared", None]
-PROMPT = "w1 w2 w3 w4"
 POLL_WAIT_S = 20.0
 #: Long enough that resets run while the stub "model" generates (8 of 512 tokens took 0.4 s).
 COMPLETION_TOKENS = 2000
-#: The tiny model's words (``e2e/tiny_model.py``), which the stub's tokens cycle through.
-WORDS = 500
-
-
-def counted(words: int, start: int) -> str:
-    """The stub model's text for ``words`` tokens after a sequence of ``start`` tokens
-    (``w<n mod 500>``: the tokenizer has 500 words)."""
-    return "".join(f" w{n % WORDS}" for n in range(start, start + words))
-
-
-@pytest.fixture(scope="module")
-def engine_code() -> EngineCodeRuntime:
-    """The 0.34 engine code (installed on first use), sleep-capable, or the module skipped."""
-    try:
-        return prepare(sleep_mode=True)
-    except EngineCodeUnavailable as exc:
-        pytest.skip(f"no vLLM {ENGINE_VERSION} engine code: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -148,18 +137,6 @@ def polled_checkpoint(exporter: ExporterProc, value: list[Any]) -> dict[str, Any
         return status if ok else None
 
     return web.wait_for(probe, POLL_WAIT_S, f"checkpoint_state consistently {value}")
-
-
-def confirmed(reply: web.Reply, action: str) -> dict[str, Any]:
-    body: dict[str, Any] = reply.json()
-    assert reply.status == 200, body
-    assert body["action"] == action and body["outcome"] == "success", body
-    assert body["verified"] is True and body["failed_engines"] == [], body
-    return body
-
-
-def states(body: dict[str, Any]) -> list[tuple[str, bool, Any]]:
-    return [(str(e["engine"]), e["ok"], e.get("state")) for e in body["engines"]]
 
 
 def assert_confirmed_by_both(reply: web.Reply) -> None:
