@@ -523,8 +523,10 @@ class TestPluginInVllmServe:
             }
 
         def steady() -> dict[str, float] | None:  # earlier scenarios' tokens all shared
+            # Longer than a poll (1 s) plus the share's lag (about a second): a count still on
+            # its way from either API server shows up inside the window.
             first = summed()
-            time.sleep(1.5)
+            time.sleep(3.0)
             return first if summed() == first else None
 
         before = web.wait_for(steady, 30, "the progress series steady")
