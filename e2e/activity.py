@@ -14,6 +14,7 @@ relay from the coordinator's publication it follows; without them the counts mus
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -213,8 +214,9 @@ def generation_is_work_then_drains(
     1 and 0, ``/gate?drained=true`` 412 naming that rank alone. After its stream ended: the
     gate 200 within ``DRAIN_WAIT_S``, both ranks drained in ``/status``. A gate that finds
     every rank drained (the engine finished before the exporter's first read that showed it
-    busy: a loaded machine) is one attempt of ``GATE_ATTEMPTS``, printed; ``before_generation``
-    runs before each generation."""
+    busy: a loaded machine) is one attempt of ``GATE_ATTEMPTS``, printed, and so is a gate that
+    found the work while no poll's series showed it before the engine finished;
+    ``before_generation`` runs before each generation."""
     missed: list[str] = []
     for _ in range(GATE_ATTEMPTS):
         wait_gate_drained(exporter)
@@ -244,8 +246,23 @@ def generation_is_work_then_drains(
         reply = exporter.gate(drained="true")
         body: dict[str, Any] = reply.json()
         if reply.status == 412:
-            # The series now (no fan-out: the last poll's), likely before the engine finished.
-            early_scrape = _series_show(exporter, busy, counts_known)
+            # The series of one poll: 1 for the busy rank can only come from a poll that saw
+            # its work. The last poll's now, else one of the next ones; none showing it before
+            # the engine finished (the busy rank seen and gated at the very end of its work)
+            # is one attempt, printed, as a gate that came too late is.
+            shown = f"vllm_dp_engine_has_work 1 for rank {busy}, 0 for rank {other(busy)}"
+            series = functools.partial(_series_show, exporter, busy, counts_known)
+            try:
+                scrape = series() or web.wait_for(series, SEEN_WAIT_S, shown)
+            except AssertionError as exc:
+                missed.append(
+                    f"attempt {len(missed) + 1}: the gate said rank {busy} has work "
+                    f"+{time.monotonic() - sent:.1f}s, but {exc}; the generation: "
+                    f"{gen.timeline(sent)}; {log.timeline()} ({log.gaps()})"
+                )
+                print(f"scenario 12a: the series never showed the work, {missed[-1]}")
+                gen.result(300)
+                continue
             break
         # Every rank answered drained: the engine had finished before the gate (the exporter
         # saw the busy rank late, with vLLM's front end still streaming). Another generation.
@@ -278,13 +295,6 @@ def generation_is_work_then_drains(
         assert requests is None, body
         assert failure == "drained: has work, expected drained=true", body
 
-    # The series of one poll: 1 for the busy rank can only come from a poll that saw its work.
-    scrape = early_scrape or web.wait_for(
-        lambda: _series_show(exporter, busy, counts_known),
-        SEEN_WAIT_S,
-        f"vllm_dp_engine_has_work 1 for rank {busy}, 0 for rank {other(busy)} "
-        f"(the generation: {gen.timeline(sent)})",
-    )
     if not counts_known:
         assert scrape.find("vllm_dp_engine_requests") == [], "no counts: no series"
 
