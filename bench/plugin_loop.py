@@ -10,7 +10,9 @@ engine count, and the report compares the lag and this process's CPU time per po
 times one ``/metrics`` render of the ``vllm_dp_*`` series on the loop.
 
 Options: ``--sizes 2,8,64``, ``--phase-seconds 8``, ``--repeats 3``, ``--poll-interval 1``,
-``--out docs/benchmarks/plugin-loop.md`` (``-`` for stdout only), ``--quick``.
+``--engines-per-burst N`` (the exporter's paced polls, ``VLLM_DP_EXPORTER_ENGINES_PER_BURST``;
+default: its own default; ``0``: every engine at once), ``--out docs/benchmarks/plugin-loop.md``
+(``-`` for stdout only), ``--quick``.
 """
 
 from __future__ import annotations
@@ -131,6 +133,8 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
                     "VLLM_DP_EXPORTER_POLL_INTERVAL": str(args.poll_interval),
                     "VLLM_DP_EXPORTER_CALL_TIMEOUT": "5",
                 }
+                if args.engines_per_burst is not None:
+                    env["VLLM_DP_EXPORTER_ENGINES_PER_BURST"] = str(args.engines_per_burst)
                 runtime = InProcessRuntime(environ=env)
                 with timed_steps(steps):
                     await runtime.start(llm, None)
@@ -230,7 +234,8 @@ def report(rows: Sequence[dict[str, Any]], args: argparse.Namespace, command: st
         "semantics) in this process, its engines in other processes; a probe sleeps 5 ms "
         "again and again and records how late it wakes. Phases of "
         f"{args.phase_seconds:g} s alternate without and with the plugin's runtime polling every "
-        f"{args.poll_interval:g} s, {args.repeats} of each per engine count; lags are the median "
+        f"{args.poll_interval:g} s ({_pacing(args)}), {args.repeats} of each per engine count; "
+        "lags are the median "
         "over phases of each phase's quantile, the maximum over all phases. The heap is frozen "
         "after start-up, as vLLM's API server does (`freeze_gc_heap`).",
         "",
@@ -281,12 +286,22 @@ def report(rows: Sequence[dict[str, Any]], args: argparse.Namespace, command: st
     return "\n".join(lines)
 
 
+def _pacing(args: argparse.Namespace) -> str:
+    """How the runtime's polls read the engines (``--engines-per-burst``)."""
+    if args.engines_per_burst is None:
+        return "paced polls at the exporter's default engines per burst"
+    if args.engines_per_burst == 0:
+        return "every engine at once"
+    return f"paced polls, {args.engines_per_burst} engines per burst"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.plugin_loop", description=__doc__)
     p.add_argument("--sizes", default="2,8,64,256")
     p.add_argument("--phase-seconds", type=float, default=8.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--poll-interval", type=float, default=1.0)
+    p.add_argument("--engines-per-burst", type=int, default=None)
     p.add_argument("--out", default="docs/benchmarks/plugin-loop.md")
     p.add_argument("--quick", action="store_true", help="2 engines, 1 s phases, once")
     args = p.parse_args(argv)
