@@ -31,7 +31,7 @@ from exporter.control.build import (
 )
 from exporter.control.fleetread import ALL_METHODS, FleetRead
 from exporter.control.pacing import PaceCounts, bursts, paced_read
-from exporter.control.sources import ReadingSource
+from exporter.control.sources import ReadingSource, asks_engines
 from exporter.fleetstate.activity import hung_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
@@ -186,7 +186,8 @@ class Poller:
         started = time.perf_counter()
         # Beside the reads, never on their path: shown once it came (this poll or the next).
         self._client.observations.refresh(self.call_timeout_s)
-        per_burst = self.engines_per_burst if self._client.capabilities.calls_per_engine else 0
+        paced = self._client.capabilities.calls_per_engine and asks_engines(self.source)
+        per_burst = self.engines_per_burst if paced else 0
         groups = bursts(self._client.engine_labels, per_burst)
         self._spread_s = self.interval_s * (len(groups) - 1) / len(groups)
         with late_answers_allowed():  # the poll's reads, never the gate's

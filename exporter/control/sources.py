@@ -63,6 +63,13 @@ class ReadingSource(Protocol):
         ...
 
 
+def asks_engines(source: ReadingSource) -> bool:
+    """Whether ``source`` asks the engines itself now (alone, the leader, or a follower that
+    cannot believe the leader's reading): only then is a poll worth pacing; a follower that
+    follows reads one file per poll, whole."""
+    return bool(source.describe().get("from") == "self")
+
+
 class PublishedReading(msgspec.Struct, frozen=True):
     """A leader's poll as published: its outcomes and what each engine said it lacks."""
 
@@ -162,6 +169,10 @@ class PublishingRead:
             latest.update((o.engine, o) for o in outcomes)
             for gone in [e for e in latest if e not in known]:
                 del latest[gone]
+        if engines is not None and not progress:
+            # A paced poll's earlier burst: published with its last one (the read that also
+            # takes the progress), so the file is written once a poll, not once a burst.
+            return reading
         data = encode_reading(
             self._latest, reading.engines, self._reader, self._api_server, self._wall()
         )

@@ -1,5 +1,7 @@
 """Paced polls (``exporter.control.pacing``): bursts, offsets and confirmed disagreements,
-over a ``FakeFleet`` (the engines over ZMQ: tests/integration/owner/test_paced_poll.py)."""
+over a ``FakeFleet`` (the engines over ZMQ: tests/integration/service/test_service_paced_poll.py);
+one reader per deployment and pacing: the leader publishes a paced poll once, a follower that
+follows is not paced."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import pytest
 from exporter.client.fake import FakeFleet
 from exporter.control.fleetread import FleetRead
 from exporter.control.pacing import PaceCounts, bursts, offsets, paced_read
+from exporter.control.poller import Poller
+from exporter.control.sources import FollowerRead, PublishingRead, decode_reading
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
+from exporter.metrics.stats import Stats
 
 
 @pytest.mark.parametrize(
@@ -98,3 +103,56 @@ async def test_a_real_disagreement_survives_the_read_at_once() -> None:
     verdict = aggregate_consensus("is_sleeping", reading.outcomes["is_sleeping"])
     assert verdict.state is FleetState.INCONSISTENT
     assert [o.value for o in reading.outcomes["is_sleeping"]] == [True, True, False]
+
+
+def awake_fleet(asked: list[str] | None = None) -> FakeFleet:
+    """Three awake engines; ``asked`` collects every method asked of them."""
+
+    def handler(engine: str, method: str, args: tuple[Any, ...]) -> Any:
+        if asked is not None:
+            asked.append(method)
+        return False if method == "is_sleeping" else AWAKE.get(method)
+
+    return FakeFleet(handler, engines=("0", "1", "2"))
+
+
+async def leader_of_paced_poll() -> list[bytes]:
+    """What a leader publishes over one paced poll of three engines, one per burst."""
+    written: list[bytes] = []
+
+    async def publish(data: bytes) -> None:
+        written.append(data)
+
+    leader = PublishingRead(FleetRead(awake_fleet()), publish, wall_clock=lambda: 1000.0)
+    await paced_read(leader, bursts(["0", "1", "2"], 1), 0.03, 1.0, PaceCounts())
+    return written
+
+
+async def test_the_leader_publishes_a_paced_poll_once_with_every_engine() -> None:
+    written = await leader_of_paced_poll()
+    assert len(written) == 1  # with the last burst, not once a burst
+    published = decode_reading(written[0], now_unix=1000.0, max_age_s=5.0)
+    assert [o.engine for o in published.outcomes["is_sleeping"]] == ["0", "1", "2"]
+
+
+async def test_a_follower_that_follows_reads_the_leaders_file_once_a_poll_unpaced() -> None:
+    (data,) = await leader_of_paced_poll()
+    loads: list[int] = []
+
+    async def load() -> bytes:
+        loads.append(1)
+        return data
+
+    asked: list[str] = []
+    own = awake_fleet(asked)
+    poller = Poller(own, Stats(), interval_s=0.3, call_timeout_s=1.0, engines_per_burst=1)
+    poller.source = FollowerRead(
+        FleetRead(own), own, load, max_age_s=5.0, wall_clock=lambda: 1000.5
+    )
+    await poller.poll_once()  # before its first reading a follower counts as reading itself
+    bursts_before = poller.pace.bursts
+    loads.clear()
+    await poller.poll_once()
+    assert loads == [1] and poller.pace.bursts == bursts_before
+    assert asked == []  # it followed: no engine asked
+    assert poller.snapshot.verdicts["is_sleeping"].state is FleetState.CONSISTENT
