@@ -1,12 +1,8 @@
 """What the vLLM 0.34 engine-code scenarios share (``test_vllm034.py``,
 ``test_vllm034_inprocess.py``; docs/e2e.md, scenario 15): the stub "model"'s text, the
-checkpoint states, and how an admin action's answer is read."""
+checkpoint states (an admin action's answer is read with ``exporter_proc.confirmed``)."""
 
 from __future__ import annotations
-
-from typing import Any
-
-from e2e import web
 
 ENGINES = ("0", "1")
 POLLED = ("is_sleeping", "is_scheduler_paused", "get_weight_version", "checkpoint_state")
@@ -21,17 +17,3 @@ def counted(words: int, start: int) -> str:
     """The stub model's text for ``words`` tokens after a sequence of ``start`` tokens
     (``w<n mod 500>``: the tokenizer has 500 words)."""
     return "".join(f" w{n % WORDS}" for n in range(start, start + words))
-
-
-def confirmed(reply: web.Reply, action: str) -> dict[str, Any]:
-    """An admin action's answer: 200, a success verified on every engine."""
-    body: dict[str, Any] = reply.json()
-    assert reply.status == 200, body
-    assert body["action"] == action and body["outcome"] == "success", body
-    assert body["verified"] is True and body["failed_engines"] == [], body
-    return body
-
-
-def states(body: dict[str, Any]) -> list[tuple[str, bool, Any]]:
-    """Each engine's (engine, ok, state read back) of an admin action's answer."""
-    return [(str(e["engine"]), e["ok"], e.get("state")) for e in body["engines"]]

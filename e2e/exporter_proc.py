@@ -152,3 +152,18 @@ def http_args(targets: dict[str, str]) -> list[str]:
     for name, url in targets.items():
         args += cli_flags(http_target=f"{name}={url}")
     return args
+
+
+def confirmed(reply: web.Reply, action: str) -> dict[str, Any]:
+    """An admin action's answer: 200, a success every engine confirmed (verified by a
+    read-back)."""
+    body: dict[str, Any] = reply.json()
+    assert reply.status == 200, body
+    assert body["action"] == action and body["outcome"] == "success", body
+    assert body["verified"] is True and body["failed_engines"] == [], body
+    return body
+
+
+def states(body: dict[str, Any]) -> list[tuple[str, bool, Any]]:
+    """Each engine's (engine, ok, state read back) of an admin action's answer."""
+    return [(str(e["engine"]), e["ok"], e.get("state")) for e in body["engines"]]

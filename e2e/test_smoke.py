@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from e2e import web
-from e2e.exporter_proc import GATE_MIN_INTERVAL_S, ExporterProc
+from e2e.exporter_proc import GATE_MIN_INTERVAL_S, ExporterProc, confirmed, states
 from e2e.fleets import OwnerFleet
 from e2e.vllm_features import VllmFeatures
 
@@ -79,19 +79,6 @@ def exporter(owner_fleet: OwnerFleet) -> ExporterProc:
 
 def actions_counted(exporter: ExporterProc, action: str, outcome: str) -> float:
     return exporter.scrape().total("vllm_dp_admin_actions_total", action=action, outcome=outcome)
-
-
-def confirmed(reply: web.Reply, action: str) -> dict[str, Any]:
-    """The answer of an action both engines confirmed (verified by a read-back)."""
-    body: dict[str, Any] = reply.json()
-    assert reply.status == 200, body
-    assert body["action"] == action and body["outcome"] == "success", body
-    assert body["verified"] is True and body["failed_engines"] == [], body
-    return body
-
-
-def states(body: dict[str, Any]) -> list[tuple[str, bool, Any]]:
-    return [(str(e["engine"]), e["ok"], e.get("state")) for e in body["engines"]]
 
 
 def gate(exporter: ExporterProc, expect: int, **conditions: str) -> dict[str, Any]:

@@ -45,17 +45,17 @@ from e2e.checks034 import (
     PREPARED,
     PROMPT,
     RUNNING,
-    confirmed,
     counted,
-    states,
 )
 from e2e.exporter_proc import (
     GATE_MIN_INTERVAL_S,
     ExporterProc,
+    confirmed,
     http_args,
     owner_args,
     relay_args,
     start_exporter,
+    states,
 )
 from e2e.ports import HOST, free_port, free_port_range
 from e2e.procs import Managed, ProcessGroup

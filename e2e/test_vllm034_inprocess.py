@@ -58,10 +58,9 @@ from e2e.checks034 import (
     PREPARED,
     PROMPT,
     RUNNING,
-    confirmed,
     counted,
-    states,
 )
+from e2e.exporter_proc import confirmed, states
 from e2e.inprocess import PLUGIN, Endpoint, PluginServer, start_plugin_server, write_token
 from e2e.procs import ProcessGroup
 from e2e.traffic import complete, front_end_generated
