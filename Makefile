@@ -52,15 +52,15 @@ e2e-lint: $(STAMP)
 
 e2e: e2e-lint
 	$(E2E_ENV) $(PY) -m e2e.vllm_install
-	$(E2E_ENV) $(PY) -m pytest e2e -m "not vllm034" -p no:cacheprovider -v -rs $(E2E_ARGS)
+	$(E2E_ENV) $(PY) -m pytest e2e -m "not vllm034" -p no:cacheprovider -v -rs --tb=short $(E2E_ARGS)
 
 e2e-smoke: e2e-lint
 	$(E2E_ENV) $(PY) -m e2e.vllm_install
-	$(E2E_ENV) $(PY) -m pytest e2e -m smoke -p no:cacheprovider -v -rs $(E2E_ARGS)
+	$(E2E_ENV) $(PY) -m pytest e2e -m smoke -p no:cacheprovider -v -rs --tb=short $(E2E_ARGS)
 
 e2e-034: e2e-lint
 	$(PY) -m e2e.vllm_install --version 0.32.0
-	$(PY) -m pytest e2e -m vllm034 -p no:cacheprovider -v -rs $(E2E_ARGS)
+	$(PY) -m pytest e2e -m vllm034 -p no:cacheprovider -v -rs --tb=short $(E2E_ARGS)
 
 ## make bench: benchmarks against simulated engines (docs/benchmarks/README.md), the in-process
 ## exporter's cost on vLLM's event loop (docs/benchmarks/plugin-loop.md, with where a poll spends

@@ -44,6 +44,7 @@ async def profile_size(size: int, seconds: float, log_dir: Path) -> list[str]:
         llm = await start_sim_vllm(address, size)
         try:
             await llm.engine_core.wait_connected(120)
+            llm.engine_core.start_coordinator(lambda rank: (0, 0))  # as bench.plugin_loop
             gc.collect()
             gc.freeze()
             runtime = InProcessRuntime(

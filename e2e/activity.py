@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from e2e import web
-from e2e.traffic import LongGeneration, complete, start_long_generations
+from e2e.traffic import RANK_HEADER, LongGeneration, complete, start_long_generations
 
 ENGINES = ("0", "1")
 #: One streamed generation of this many tokens (``ignore_eos``): 6.6 s on its engine on this
@@ -42,6 +42,8 @@ DRAIN_WAIT_S = 60.0
 SEEN_WAIT_S = 20.0
 #: Generations scenario 12a may start before its gate catches one still on its engine.
 GATE_ATTEMPTS = 3
+#: How long a pinned generation's first token may take (a loaded front end is slow).
+KEEP_START_S = 120.0
 #: How much later than the pause's answer the stream may end: vLLM's front end still streams
 #: the last chunk the engine sent before its pause completed.
 STREAM_LAG_S = 2.0
@@ -199,6 +201,29 @@ class WorkSeen:
     final: dict[str, dict[str, Any]]
 
 
+def pinned(rank: str) -> dict[str, str]:
+    """The request headers that pin a generation to DP rank ``rank`` (docs/routing.md)."""
+    return {RANK_HEADER: rank}
+
+
+def _gate_naming(exporter: Exporter, busy: str, gen: LongGeneration) -> dict[str, Any] | None:
+    """The first ``/gate?drained=true`` answer that is 412 (its body), asked again and again
+    from the request on while the generation's stream has not ended (bounded: ``SEEN_WAIT_S``
+    past its first token, which a loaded front end streams late); None when every answer
+    before its end was 200 (the engine had finished), or the stream ended first."""
+    deadline = time.monotonic() + KEEP_START_S
+    while time.monotonic() < deadline and not gen.finished.is_set():
+        if gen.first_token_at is not None:
+            deadline = min(deadline, gen.first_token_at + SEEN_WAIT_S)
+        reply = exporter.gate(drained="true")
+        if reply.status == 412:
+            body: dict[str, Any] = reply.json()
+            return body
+        assert reply.status == 200, (reply.status, reply.json())
+        time.sleep(GATE_MIN_INTERVAL_S + 0.1)  # past the last fan-out: the next one is fresh
+    return None
+
+
 def generation_is_work_then_drains(
     exporter: Exporter,
     api_url: str,
@@ -208,71 +233,58 @@ def generation_is_work_then_drains(
     log: ActivityLog,
     before_generation: Callable[[], None] | None = None,
 ) -> WorkSeen:
-    """Scenario 12a: the fleet drained first; one long generation; ``busy_rank`` (asked until
-    it answers) names the rank vLLM gave it. While it runs: that rank has work in ``/status``
-    (with ``counts_known``, ``running`` ≥ 1) and the other is drained, ``vllm_dp_engine_has_work``
-    1 and 0, ``/gate?drained=true`` 412 naming that rank alone. After its stream ended: the
-    gate 200 within ``DRAIN_WAIT_S``, both ranks drained in ``/status``. A gate that finds
-    every rank drained (the engine finished before the exporter's first read that showed it
-    busy: a loaded machine) is one attempt of ``GATE_ATTEMPTS``, printed, and so is a gate that
-    found the work while no poll's series showed it before the engine finished;
+    """Scenario 12a: the fleet drained first; one long generation pinned to a rank
+    (``X-data-parallel-rank``, each attempt the other rank). While it runs on its engine:
+    ``/gate?drained=true`` 412 naming that rank alone (asked until it does: the gate's fresh
+    fan-out, not the polls, races the engine's end), ``vllm_dp_engine_has_work`` 1 and 0, and a
+    ``/status`` read (sampled by ``log``) shows that rank with work (with ``counts_known``,
+    ``running`` ≥ 1) and the other drained; ``busy_rank`` names the rank ``/status`` shows
+    busy (none before each attempt). After its stream ended: the gate 200 within
+    ``DRAIN_WAIT_S``, both ranks drained in ``/status``. Under load the engine computes the
+    4,000 tokens in 7 s while vLLM's front end streams them for 20 (seen here: the first chunk
+    came with all of them): a gate that never named the rank before the engine finished is one
+    attempt of ``GATE_ATTEMPTS``, printed, and so is one whose work no poll's series showed;
     ``before_generation`` runs before each generation."""
     missed: list[str] = []
-    for _ in range(GATE_ATTEMPTS):
+    for attempt in range(GATE_ATTEMPTS):
+        busy = ENGINES[(attempt + 1) % len(ENGINES)]
         wait_gate_drained(exporter)
         # /status must have caught up too (an earlier attempt's rank is no answer to this one).
         web.wait_for(lambda: busy_rank() is None, SEEN_WAIT_S, "/status without a busy rank")
-        if before_generation is not None:
-            before_generation()
-        (gen,) = start_long_generations(api_url, 1, LONG_ACTIVITY_TOKENS)  # its first token came
-        sent = gen.sent_at
-        try:
-            busy = web.wait_for(busy_rank, SEEN_WAIT_S, "the rank vLLM gave the generation")
-        except AssertionError as exc:  # no /status read named one busy rank: printed, again
-            missed.append(
-                f"attempt {len(missed) + 1}: {exc}; the generation: {gen.timeline(sent)}; "
-                f"{log.timeline()} ({log.gaps()})"
-            )
-            print(f"scenario 12a: no busy rank seen, {missed[-1]}")
-            gen.result(300)
-            continue
-
-        # The gate first: it fans out afresh, so it is the check the stream's end races. On a
-        # loaded machine one /status read of the plugin took 1.4 s while vLLM streamed.
-        busy_at = time.monotonic() - sent
         # A gate answered within GATE_MIN_INTERVAL_S of the drained check above shares that
         # check's fan-out (taken before the request): wait it out.
-        time.sleep(max(0.0, sent + GATE_MIN_INTERVAL_S + 0.1 - time.monotonic()))
-        reply = exporter.gate(drained="true")
-        body: dict[str, Any] = reply.json()
-        if reply.status == 412:
-            # The series of one poll: 1 for the busy rank can only come from a poll that saw
-            # its work. The last poll's now, else one of the next ones; none showing it before
-            # the engine finished (the busy rank seen and gated at the very end of its work)
-            # is one attempt, printed, as a gate that came too late is.
-            shown = f"vllm_dp_engine_has_work 1 for rank {busy}, 0 for rank {other(busy)}"
-            series = functools.partial(_series_show, exporter, busy, counts_known)
-            try:
-                scrape = series() or web.wait_for(series, SEEN_WAIT_S, shown)
-            except AssertionError as exc:
-                missed.append(
-                    f"attempt {len(missed) + 1}: the gate said rank {busy} has work "
-                    f"+{time.monotonic() - sent:.1f}s, but {exc}; the generation: "
-                    f"{gen.timeline(sent)}; {log.timeline()} ({log.gaps()})"
-                )
-                print(f"scenario 12a: the series never showed the work, {missed[-1]}")
-                gen.result(300)
-                continue
-            break
-        # Every rank answered drained: the engine had finished before the gate (the exporter
-        # saw the busy rank late, with vLLM's front end still streaming). Another generation.
-        missed.append(
-            f"attempt {len(missed) + 1}: {body}; rank {busy} busy +{busy_at:.1f}s, the gate "
-            f"answered +{time.monotonic() - sent:.1f}s; the generation: {gen.timeline(sent)}, "
-            f"still streaming {not gen.finished.is_set()}; {log.timeline()} ({log.gaps()})"
-        )
-        print(f"scenario 12a: the gate came after the engine's end, {missed[-1]}")
-        gen.result(300)
+        time.sleep(GATE_MIN_INTERVAL_S + 0.1)
+        if before_generation is not None:
+            before_generation()
+        gen = LongGeneration(api_url, "w0 w1 w2", LONG_ACTIVITY_TOKENS, headers=pinned(busy))
+        sent = gen.sent_at
+        body = _gate_naming(exporter, busy, gen)
+        if body is None:  # every gate found the rank drained: the engine had finished
+            missed.append(
+                f"attempt {len(missed) + 1}: no gate named rank {busy} before it finished "
+                f"(+{time.monotonic() - sent:.1f}s); the generation: {gen.timeline(sent)}; "
+                f"{log.timeline()} ({log.gaps()})"
+            )
+            print(f"scenario 12a: the gate came after the engine's end, {missed[-1]}")
+            gen.result(300)
+            continue
+        # The series of one poll: 1 for the busy rank can only come from a poll that saw its
+        # work. The last poll's now, else one of the next ones; none showing it before the
+        # engine finished is one attempt, printed.
+        shown = f"vllm_dp_engine_has_work 1 for rank {busy}, 0 for rank {other(busy)}"
+        series = functools.partial(_series_show, exporter, busy, counts_known)
+        try:
+            scrape = series() or web.wait_for(series, SEEN_WAIT_S, shown)
+        except AssertionError as exc:
+            missed.append(
+                f"attempt {len(missed) + 1}: the gate said rank {busy} has work "
+                f"+{time.monotonic() - sent:.1f}s, but {exc}; the generation: "
+                f"{gen.timeline(sent)}; {log.timeline()} ({log.gaps()})"
+            )
+            print(f"scenario 12a: the series never showed the work, {missed[-1]}")
+            gen.result(300)
+            continue
+        break
     else:
         raise AssertionError("; ".join(missed))
     assert body["failing_engines"] == [busy], body
@@ -282,7 +294,8 @@ def generation_is_work_then_drains(
     (failure,) = entries[busy]["failures"]
     requests = entries[busy]["requests"]
     if counts_known:
-        assert requests is not None and requests["running"] >= 1, body
+        # The gate may catch the request before its first step: waiting, not yet running.
+        assert requests is not None and requests["running"] + requests["waiting"] >= 1, body
         running, waiting = requests["running"], requests["waiting"]
         # Either vLLM's has_work said so, or it said false while the counts vLLM published
         # still held the request (the two are read at slightly different times): not drained.

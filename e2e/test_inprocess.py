@@ -63,6 +63,8 @@ pytestmark = pytest.mark.timeout(900)
 
 ENGINES = ("0", "1")
 PROMPT = "w1 w2 w3 w4"
+#: Every utility call the exporter sent, by method, engine and outcome.
+CALLS = "vllm_dp_utility_calls_total"
 # As long as the context allows (4096): the longer it runs, the less the pause can come late.
 LONG_TOKENS = 4000
 # A reset both engines accepted means the generation had ended before the pause: retried once.
@@ -477,7 +479,7 @@ class TestPluginInVllmServe:
     def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
         self, served: PluginServer
     ) -> None:
-        """One long streamed generation: the rank vLLM's internal load balancer gave it has
+        """One long streamed generation pinned to a rank (``X-data-parallel-rank``): that rank has
         work in /dp/status (``running`` ≥ 1, from the front end's load-balancing table) and
         ``vllm_dp_engine_has_work`` 1 on vLLM's /metrics, the other is drained (0 and 0);
         ``/dp/gate?drained=true`` 412 naming that rank alone with its counts; 200 again within
@@ -543,6 +545,45 @@ class TestPluginInVllmServe:
         after = web.wait_for(moved, 20, "the generating rank's progress series")
         assert all(after[e] == before[e] for e in ENGINES if e != busy[0]), (before, after)
         print(f"scenario 13a (in-process): rank {busy[0]} {before} -> {after}, vLLM's {grew}")
+
+    @pytest.mark.vllm_needs("has_work")
+    def test_scenario13c_a_listening_poll_asks_no_engine_has_work_in_steady_state(
+        self, served: PluginServer
+    ) -> None:
+        """vLLM's front end follows the DP coordinator's counts and its own unfinished requests:
+        every rank's activity is told by them (``has_work_read: told`` in ``/dp/status``),
+        and over several polls ``vllm_dp_utility_calls_total{method="has_work"}`` does not
+        grow while ``is_sleeping``'s does (docs/activity.md, a listening poll); a completion
+        meanwhile changes nothing of it. The gate still asks every rank."""
+        endpoint, url = served.endpoint, served.api_url
+
+        def told() -> dict[str, Any] | None:
+            doc = endpoint.status()
+            froms = [e["activity"]["has_work_read"] for e in doc["engines"]]
+            return doc if froms == ["told"] * len(ENGINES) else None
+
+        web.wait_for(told, 30, "every rank's has_work told by its counts")
+        first = endpoint.scrape()
+        assert complete(url, PROMPT, 16)["usage"]["completion_tokens"] == 16
+        time.sleep(4.0)  # four polls of 1 s
+        then = endpoint.scrape()
+        asked = {
+            m: then.total(CALLS, method=m) - first.total(CALLS, method=m)
+            for m in ("has_work", "is_sleeping")
+        }
+        assert asked["has_work"] == 0 and asked["is_sleeping"] >= 2 * len(ENGINES), asked
+        assert told() is not None, endpoint.status()
+        time.sleep(GATE_MIN_INTERVAL_S + 0.1)
+        assert endpoint.gate(drained="true").status in (200, 412)
+
+        def gate_asked() -> float | None:  # the other API server's share: a second behind
+            n = endpoint.scrape().total(CALLS, method="has_work") - then.total(
+                CALLS, method="has_work"
+            )
+            return n if n >= len(ENGINES) else None
+
+        gated = web.wait_for(gate_asked, 10, "the gate's has_work calls counted")
+        print(f"scenario 13c (in-process): calls over 4 s {asked}, the gate's has_work {gated}")
 
     @pytest.mark.vllm_needs("has_work", "pause_scheduler", "resume_scheduler")
     def test_scenario12b_pause_wait_answers_once_the_generation_finished(

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from e2e import plugin_install, web
-from e2e.activity import Sampler
+from e2e.activity import Sampler, pinned
 from e2e.engine_hook import sitecustomize as hook
 from e2e.inprocess import Endpoint, PluginServer, start_plugin_server, write_token
 from e2e.procs import ProcessGroup, cli_flags, first_exited
@@ -52,7 +52,6 @@ pytestmark = [
 
 ENGINES = ("0", "1")
 HOOK_DIR = Path(hook.__file__).resolve().parent
-RANK_HEADER = "X-data-parallel-rank"
 API_SERVERS = ("in-process (vLLM client 0)", "in-process (vLLM client 1)")
 POLL_S = 1.0
 #: ``--stall-after``: far above a step of the tiny model (milliseconds) and its prefill.
@@ -83,10 +82,6 @@ READS = 6
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def pinned(rank: str) -> dict[str, str]:
-    return {RANK_HEADER: rank}
 
 
 def engine(doc: dict[str, Any], name: str) -> dict[str, Any]:

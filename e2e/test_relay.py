@@ -401,7 +401,8 @@ def test_scenario11_a_stopped_engine_is_hung_not_down_then_routable_again(
 def test_scenario12a_a_generation_is_work_on_its_rank_the_other_is_drained(
     relay: RelayDeployment,
 ) -> None:
-    """One long streamed generation: the rank the exporter shows with work (``/status``
+    """One long streamed generation pinned to a rank (``X-data-parallel-rank``): the rank
+    the exporter shows with work (``/status``
     activity, ``vllm_dp_engine_has_work`` 1, and ``running`` ≥ 1: the relay follows the DP
     coordinator's publication to the front end) is the rank whose tokens the front end's own
     counter counted (checked after the stream: that /metrics can take seconds to answer while

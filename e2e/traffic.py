@@ -63,6 +63,10 @@ def completions_while_resetting(
     return during, resets
 
 
+#: The request header that pins a request to a DP rank (vLLM 0.30+, docs/routing.md).
+RANK_HEADER = "X-data-parallel-rank"
+
+
 class LongGeneration:
     """A streamed completion of exactly ``max_tokens`` tokens (``ignore_eos``) on a thread.
 
@@ -129,7 +133,11 @@ class LongGeneration:
         def at(t: float | None) -> str:
             return "-" if t is None else f"+{t - since:.1f}s"
 
-        return f"first token {at(self.first_token_at)}, ended {at(self.finished_at)}"
+        return (
+            f"first token {at(self.first_token_at)}, ended {at(self.finished_at)} "
+            f"({self.chunks} chunks, finish reason {self.finish_reason!r}"
+            f"{'' if self.error is None else f', error {self.error!r}'})"
+        )
 
     def result(self, timeout_s: float) -> int | None:
         """Wait (bounded) for the end; returns the completion's token count (vLLM's usage)."""

@@ -106,6 +106,9 @@ class EngineOutcome(msgspec.Struct, frozen=True):
     duration_s: float | None = None
     #: For an INCONSISTENT HTTP target: the values its own engines returned.
     values: tuple[Any, ...] = ()
+    #: Not asked: what a live source of the mode told (a poll's ``has_work`` from the rank's
+    #: request counts, ``observe.WORK_COUNTS``; ``exporter.control.fleetread``).
+    told: bool = False
 
     @property
     def ok(self) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.elastic_ep import ElasticEpRead
 from exporter.protocol.progress import RankProgress
 
@@ -33,6 +34,11 @@ CLIENT_COUNT = "client_count"
 #: vLLM's stat loggers; HTTP mode: vLLM's per-engine token counters). Owner and relay mode
 #: have no source: no request flows through them.
 PROGRESS = "progress"
+#: Each rank's running and waiting requests from a live source that follows the engine's
+#: steps and holds everything the rank holds, so a poll takes its activity from them and need
+#: not ask ``has_work``: engine = the label, value a ``RequestCounts`` (in-process: the DP
+#: coordinator's table raised to the front end's own count). A rank left out: asked.
+WORK_COUNTS = "work_counts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +139,11 @@ def elastic_ep_reads(board: Observations) -> tuple[ElasticEpRead, ...] | None:
 def unexpected_engines(board: Observations) -> dict[str, UnexpectedEngine]:
     """Engines outside the expected set that tried to join, by identity (newest last)."""
     return {o.engine or "": o.value for o in board.of(UNEXPECTED_ENGINE) or ()}
+
+
+def work_counts(board: Observations) -> dict[str, RequestCounts]:
+    """Each rank's requests that tell its activity, by engine label ({}: none, or no source)."""
+    return {o.engine: o.value for o in board.of(WORK_COUNTS) or () if o.engine is not None}
 
 
 def progress_of(board: Observations) -> dict[str, RankProgress] | None:

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
-from exporter.client.observe import progress_of
-from exporter.fleetstate.invariants import ON_DEMAND, READS, is_unsupported, require_type
+from exporter.client.observe import progress_of, work_counts
+from exporter.fleetstate.invariants import (
+    HAS_WORK,
+    ON_DEMAND,
+    READS,
+    Invariant,
+    is_unsupported,
+    require_type,
+)
 from exporter.protocol.progress import RankProgress
 
 log = logging.getLogger("exporter.poller")
@@ -28,6 +36,25 @@ ALL_METHODS = frozenset(inv.method for inv in READS)
 #: ``/status``'s ``last_poll.source`` of a process that reads the engines itself, alone.
 ALONE: Mapping[str, Any] = {"role": "alone", "from": "self", "age_s": None, "reason": None}
 KNOWN_UNSUPPORTED = "unsupported by this engine (it said so before; asked again after it restarts)"
+
+
+async def _nothing() -> list[EngineOutcome]:
+    return []
+
+
+def stall_candidates(
+    progress: Mapping[str, RankProgress] | None, stall_after_s: float, now_unix: float
+) -> frozenset[str]:
+    """The ranks that would read stalled now by their progress alone (they hold requests and
+    computed no token for ``stall_after_s``): a listening poll asks them ``has_work`` itself,
+    so a rank reads stalled only on the engine's own answer (0: stalls are not looked for)."""
+    if stall_after_s <= 0 or not progress:
+        return frozenset()
+    return frozenset(
+        engine
+        for engine, made in progress.items()
+        if made.held and made.stall_age_s(now_unix) >= stall_after_s
+    )
 
 
 @dataclass(frozen=True)
@@ -45,8 +72,9 @@ class FleetReading:
     #: The engines the client knows once the read ended (a plugin-enabled HTTP target may have
     #: named other ranks in its answers).
     known_after: tuple[str, ...]
-    #: Engine → its forward progress once the read ended (absent: unknown); None where the
-    #: mode has no source of it, or the read was not asked for it (``read(progress=True)``).
+    #: Engine → its forward progress as the read began (absent: unknown; a listening poll
+    #: picks its stall candidates by it); None where the mode has no source of it, or the read
+    #: was not asked for it (``read(progress=True)``).
     progress: Mapping[str, RankProgress] | None = None
 
 
@@ -76,13 +104,19 @@ class FleetRead:
         *,
         progress: bool = False,
         engines: Collection[str] | None = None,
+        listen: float | None = None,
     ) -> FleetReading:
         """Every method of ``methods`` the attach mode supports, on every engine (or on
         ``engines``: a paced poll's burst), all calls sharing one deadline. An engine known
         not to have a method is not asked; its outcome says so (``is_unsupported``). The
         details of every engine are read before (whom to ask, and whether it restarted) and
-        once after the calls: the one read after a fan-out. ``progress``: each engine's
-        progress too (the poll's; a gate decides without it)."""
+        once after the calls: the one read after a fan-out (not after a paced poll's earlier
+        burst: ``engines`` without ``progress``). ``progress``: each engine's progress too
+        (the poll's; a gate decides without it). ``listen`` (a poll's reads, with its
+        ``--stall-after``): where the mode's request counts tell a rank's activity,
+        ``has_work`` is taken from them (``observe.WORK_COUNTS``), not asked (``told``), but
+        for a stall candidate (``stall_candidates``); None (the gate, an action): every engine
+        is asked."""
         client = self._client
         before = {d.engine: d for d in client.engine_details()}
         self._forget_restarted(before)
@@ -92,29 +126,80 @@ class FleetRead:
             if inv.method in methods and inv.method in client.capabilities.methods
         ]
         wanted = set(before) if engines is None else set(engines) & set(before)
-        calls, skipped = [], []
-        for inv in asked:
-            skip = self._unsupported.get(inv.method, {})
-            skipped.append([e for e in before if e in skip and e in wanted])
-            targets = (
-                None
-                if engines is None and not skip
-                else [e for e in before if e in wanted and e not in skip]
-            )
-            calls.append(client.call_utility(inv.method, timeout_s=timeout_s, engines=targets))
+        found = progress_of(client.observations) if progress else None
+        told = self._told(asked, before, wanted, listen, found)
+        calls, skipped = self._calls(asked, before, wanted, engines is None, told, timeout_s)
         results: dict[str, list[EngineOutcome]] = {}
         for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
             self._remember(inv.method, outcomes, before)
             said = [EngineOutcome(e, Outcome.FAILED, error=KNOWN_UNSUPPORTED) for e in known]
-            results[inv.method] = require_type(inv, [*outcomes, *said])
-        after = {d.engine: d for d in client.engine_details()}
+            extra = list(told.values()) if inv is HAS_WORK else []
+            results[inv.method] = require_type(inv, [*outcomes, *extra, *said])
+        # A paced poll's earlier burst: its reading's details are not used (the poll's are the
+        # last burst's), so the engines' details are not read again (256 of them, 15 times).
+        early = engines is not None and not progress
+        after = before if early else {d.engine: d for d in client.engine_details()}
         return FleetReading(
             results,
             tuple(before),
             {engine: after.get(engine, d) for engine, d in before.items()},
             tuple(client.engine_labels),
-            progress_of(client.observations) if progress else None,
+            found,
         )
+
+    def _calls(
+        self,
+        asked: Collection[Invariant],
+        before: Mapping[str, EngineDetail],
+        wanted: Collection[str],
+        every: bool,
+        told: Mapping[str, EngineOutcome],
+        timeout_s: float,
+    ) -> tuple[list[Awaitable[list[EngineOutcome]]], list[list[str]]]:
+        """Each asked method's fan-out (to ``every`` engine, or to the ``wanted`` ones), less
+        the engines known not to have it (returned) and, for ``has_work``, the ``told`` ones."""
+        calls: list[Awaitable[list[EngineOutcome]]] = []
+        skipped: list[list[str]] = []
+        for inv in asked:
+            skip = self._unsupported.get(inv.method, {})
+            own = told if inv is HAS_WORK else {}
+            skipped.append([e for e in before if e in skip and e in wanted and e not in own])
+            targets = (
+                None
+                if every and not skip and not own
+                else [e for e in before if e in wanted and e not in skip and e not in own]
+            )
+            calls.append(
+                _nothing()
+                if targets == []  # every engine told: nothing to send
+                else self._client.call_utility(inv.method, timeout_s=timeout_s, engines=targets)
+            )
+        return calls, skipped
+
+    def _told(
+        self,
+        asked: Collection[Invariant],
+        details: Mapping[str, EngineDetail],
+        wanted: Collection[str],
+        listen: float | None,
+        progress: Mapping[str, RankProgress] | None,
+    ) -> dict[str, EngineOutcome]:
+        """Engine → its ``has_work`` as its request counts tell it, for the engines of
+        ``wanted`` a listening poll need not ask (``read``)."""
+        if listen is None or HAS_WORK not in asked:
+            return {}
+        counts = work_counts(self._client.observations)
+        if not counts:
+            return {}
+        if progress is None and listen > 0:  # a paced poll's earlier burst: read it here
+            progress = progress_of(self._client.observations)
+        # A rank whose vLLM lacks has_work is told too: its counts say what it holds.
+        candidates = stall_candidates(progress, listen, time.time())
+        return {
+            e: EngineOutcome(e, Outcome.OK, counts[e].total > 0, told=True)
+            for e in details
+            if e in counts and e in wanted and e not in candidates
+        }
 
     def _remember(
         self, method: str, outcomes: list[EngineOutcome], details: Mapping[str, EngineDetail]

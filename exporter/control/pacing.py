@@ -62,9 +62,10 @@ async def paced_read(
     timeout_s: float,
     counts: PaceCounts,
     clock: Callable[[], float] = time.monotonic,
+    listen: float | None = None,
 ) -> FleetReading:
     """One poll's reading, a burst of ``groups`` at a time at its offset, then every
-    disagreement confirmed (module docstring)."""
+    disagreement confirmed (module docstring); ``listen`` as ``FleetRead.read``'s."""
     start = clock()
     counts.last_wait_s = 0.0
     merged: dict[str, list[EngineOutcome]] = {}
@@ -76,7 +77,9 @@ async def paced_read(
             await asyncio.sleep(wait)
             counts.last_wait_s += wait
         final = position == len(groups) - 1
-        last = await source.read(ALL_METHODS, timeout_s, progress=final, engines=group)
+        last = await source.read(
+            ALL_METHODS, timeout_s, progress=final, engines=group, listen=listen
+        )
         counts.bursts += 1
         for method, outcomes in last.outcomes.items():
             merged.setdefault(method, []).extend(outcomes)

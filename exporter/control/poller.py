@@ -29,7 +29,7 @@ from exporter.control.build import (
     answers_by_engine,
     snapshot_steps,
 )
-from exporter.control.fleetread import ALL_METHODS, FleetRead
+from exporter.control.fleetread import ALL_METHODS, FleetRead, FleetReading
 from exporter.control.pacing import PaceCounts, bursts, paced_read
 from exporter.control.sources import ReadingSource, asks_engines
 from exporter.fleetstate.activity import hung_after_s
@@ -190,13 +190,7 @@ class Poller:
         per_burst = self.engines_per_burst if paced else 0
         groups = bursts(self._client.engine_labels, per_burst)
         self._spread_s = self.interval_s * (len(groups) - 1) / len(groups)
-        with late_answers_allowed():  # the poll's reads, never the gate's
-            if len(groups) == 1:
-                reading = await self.source.read(ALL_METHODS, self.call_timeout_s, progress=True)
-            else:
-                reading = await paced_read(
-                    self.source, groups, self.interval_s, self.call_timeout_s, self.pace
-                )
+        reading = await self._read(groups)
         results = {
             method: [o for o in outcomes if not is_unsupported(o)]
             for method, outcomes in reading.outcomes.items()
@@ -235,6 +229,24 @@ class Poller:
         snap = await run_steps_async(snapshot_steps(inputs, rules))
         self._publish(snap, results)
         return snap
+
+    async def _read(self, groups: list[tuple[str, ...]]) -> FleetReading:
+        """This poll's reading: every engine at once, or paced a burst at a time; what a
+        source tells is not asked (``FleetRead.read``'s ``listen``)."""
+        listen = self.stall_after_s
+        with late_answers_allowed():  # the poll's reads, never the gate's
+            if len(groups) == 1:
+                return await self.source.read(
+                    ALL_METHODS, self.call_timeout_s, progress=True, listen=listen
+                )
+            return await paced_read(
+                self.source,
+                groups,
+                self.interval_s,
+                self.call_timeout_s,
+                self.pace,
+                listen=listen,
+            )
 
     def _clock_steps(
         self,

@@ -52,6 +52,7 @@ class ReadingSource(Protocol):
         *,
         progress: bool = False,
         engines: Collection[str] | None = None,
+        listen: float | None = None,
     ) -> FleetReading: ...
 
     def unsupported_by(self, engine: str) -> frozenset[str]: ...
@@ -161,8 +162,11 @@ class PublishingRead:
         *,
         progress: bool = False,
         engines: Collection[str] | None = None,
+        listen: float | None = None,
     ) -> FleetReading:
-        reading = await self._reader.read(methods, timeout_s, progress=progress, engines=engines)
+        reading = await self._reader.read(
+            methods, timeout_s, progress=progress, engines=engines, listen=listen
+        )
         known = set(reading.engines)
         for method, outcomes in reading.outcomes.items():
             latest = self._latest.setdefault(method, {})
@@ -230,6 +234,7 @@ class FollowerRead:
         *,
         progress: bool = False,
         engines: Collection[str] | None = None,
+        listen: float | None = None,
     ) -> FleetReading:
         try:
             data = await self._load()
@@ -239,7 +244,7 @@ class FollowerRead:
                 data, now_unix=self._wall(), max_age_s=self.max_age_s, leader=self._leader
             )
         except (BadReading, OSError) as exc:
-            return await self._read_own(methods, timeout_s, progress, engines, str(exc))
+            return await self._read_own(methods, timeout_s, progress, engines, listen, str(exc))
         self.followed += 1
         self._own, self._reason = False, None
         self._age_s = max(0.0, self._wall() - published.written_unix)
@@ -251,6 +256,7 @@ class FollowerRead:
         timeout_s: float,
         progress: bool,
         engines: Collection[str] | None,
+        listen: float | None,
         reason: str,
     ) -> FleetReading:
         self.own_reads += 1
@@ -263,7 +269,9 @@ class FollowerRead:
                 self._leader,
                 reason,
             )
-        return await self._reader.read(methods, timeout_s, progress=progress, engines=engines)
+        return await self._reader.read(
+            methods, timeout_s, progress=progress, engines=engines, listen=listen
+        )
 
     def _from(
         self,

@@ -16,7 +16,12 @@ from typing import Any
 
 from exporter import __version__
 from exporter.base.steps import Steps, every
-from exporter.client.fleet import REGISTRATION_KEYS, ElasticEpRead, EngineDetail, Outcome
+from exporter.client.fleet import (
+    REGISTRATION_KEYS,
+    ElasticEpRead,
+    EngineDetail,
+    Outcome,
+)
 from exporter.client.observe import UnexpectedEngine
 from exporter.client.pushes import MembershipEvent
 from exporter.config.settings import ServeConfig
@@ -27,6 +32,7 @@ from exporter.fleetstate.invariants import INVARIANTS, READS, Invariant
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 from exporter.metrics.catalog import RESET_OUTCOMES
 from exporter.metrics.stats import LastAction, Stats
+from exporter.web.activitydoc import activity_json, progress_json
 from exporter.web.routabledoc import routable_json
 
 SCHEMA_VERSION = 1
@@ -136,27 +142,6 @@ def engine_json(
         "membership_event": membership_json(e.detail.membership),
         "pushes": dict(e.detail.pushes),
     }
-
-
-def activity_json(e: EngineSnapshot) -> dict[str, Any]:
-    """What ``e`` is doing: ``has_work`` (vLLM's answer) and its running and waiting requests
-    (null: not known in this attach mode, or not this poll)."""
-    counts = e.requests
-    return {
-        "has_work": e.has_work,
-        "running": None if counts is None else counts.running,
-        "waiting": None if counts is None else counts.waiting,
-        "drained": e.drained if e.has_work is not None else None,
-    }
-
-
-def progress_json(e: EngineSnapshot) -> dict[str, Any] | None:
-    """The tokens ``e`` computed and when they last grew (null: no source tells in this attach
-    mode, or not this poll; docs/activity.md)."""
-    made = e.progress
-    if made is None:
-        return None
-    return {**made.json(), "age_seconds": round(e.progress_age_s or 0.0, 3)}
 
 
 def registration_json(detail: EngineDetail) -> dict[str, Any]:

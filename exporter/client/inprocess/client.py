@@ -33,6 +33,7 @@ from collections.abc import Collection
 from typing import Any
 
 from exporter.base.faults import ProtocolErrorTally
+from exporter.base.memo import ShortMemo
 from exporter.base.steps import every
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
@@ -50,8 +51,15 @@ from exporter.client.fleet import (
 from exporter.client.inprocess.elastic_ep import ElasticEpWatch
 from exporter.client.inprocess.feed import FEED, ProgressFeed
 from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
-from exporter.client.observe import ELASTIC_EP_OPERATION, PROGRESS, Observation, Observations
+from exporter.client.observe import (
+    ELASTIC_EP_OPERATION,
+    PROGRESS,
+    WORK_COUNTS,
+    Observation,
+    Observations,
+)
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.strings import bound_text, bound_value
 
 log = logging.getLogger("exporter.inprocess")
@@ -68,6 +76,11 @@ FRONT_END_TIMEOUT_S = 5.0
 ELASTIC_EP_SOURCE = "get_external_elastic_ep_status"
 #: Where the progress observations come from (vLLM's stat-logger plugins).
 FEED_SOURCE = "vllm.stat_logger_plugins"
+#: How long one read of the request counts serves the reads of the same poll step (vLLM's
+#: coordinator refreshes its table every 100 ms at most).
+COUNTS_MEMO_S = 0.01
+#: Where the request counts that tell a rank's activity come from.
+COUNTS_SOURCE = "lb_engines+engine_inflight"
 ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
 #: The method whose answer the front end's own count of unfinished requests can contradict.
 HAS_WORK = "has_work"
@@ -108,10 +121,13 @@ class InProcessFleetClient:
         self._whole: tuple[Any, ...] | None = None
         #: This process's elastic-EP operation, read once a poll (``elastic_ep``).
         self._elastic = ElasticEpWatch(core)
+        #: One read of vLLM's tables serves the reads of the same moment.
+        self._memo = ShortMemo(COUNTS_MEMO_S)
         self.observations = Observations()
         self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
         self.observations.add_refresher(self._refresh_elastic_ep)
         self.observations.add_source(PROGRESS, self._progress)
+        self.observations.add_source(WORK_COUNTS, self._work_counts)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -128,7 +144,7 @@ class InProcessFleetClient:
         ranks = [int(label) for label in labels]
         self._read_fault_statuses(ranks)
         faults = self.pushes.fault_status
-        counts = self.core.request_counts(ranks) or {}
+        counts = self._request_counts(ranks)
         # Nothing changed since the last read (the common case): the same details, compared
         # in C (dicts of the same objects), not engine by engine.
         whole = (connected, engines, kv_events, dict(faults), counts)
@@ -186,13 +202,39 @@ class InProcessFleetClient:
         """Each managed rank's tokens as vLLM's stat loggers told this process (none while
         vLLM built no stat logger of ours here: unknown)."""
         ranks = [int(label) for label in self.engine_labels]
-        found = self.feed.progress(ranks, self.core.own_unfinished(ranks))
+        found = self.feed.progress(ranks, self._own_unfinished(ranks))
         if found is None:
             return []
         return [
             Observation(str(rank), PROGRESS, progress, progress.last_progress_unix, FEED_SOURCE)
             for rank, progress in found.items()
         ]
+
+    def _work_counts(self) -> list[Observation]:
+        """Each rank's requests where they tell its activity: the coordinator's live table
+        raised to the front end's own count, or the own count alone above 0
+        (``VllmCore.request_counts``); a rank whose own count cannot be read is left out (the
+        table alone misses what a keep-mode pause holds: ``has_work`` is asked)."""
+        ranks = [int(label) for label in self.engine_labels]
+        own = self._own_unfinished(ranks)
+        now = time.time()
+        return [
+            Observation(str(rank), WORK_COUNTS, counts, now, COUNTS_SOURCE)
+            for rank, counts in self._request_counts(ranks).items()
+            if own is None or own.get(rank) is not None
+        ]
+
+    def _request_counts(self, ranks: list[int]) -> dict[int, RequestCounts]:
+        """``VllmCore.request_counts``, read at most once per ``COUNTS_MEMO_S`` for the same
+        ranks and never across a fan-out (``call_utility`` clears it): the details before a
+        burst and what the counts tell share one read (at 256 engines, 16 reads of 256 ranks
+        a poll fewer)."""
+        return self._memo.get("counts", tuple(ranks), lambda: self.core.request_counts(ranks))
+
+    def _own_unfinished(self, ranks: list[int]) -> dict[int, int | None] | None:
+        """``VllmCore.own_unfinished``, as ``_request_counts`` is read (the gate's
+        ``_fail_closed`` reads it afresh)."""
+        return self._memo.get("own", tuple(ranks), lambda: self.core.own_unfinished(ranks))
 
     def _read_fault_statuses(self, ranks: list[int]) -> None:
         """The front end's copy of the sentinels' pushes, read afresh for the ranks this
@@ -280,12 +322,16 @@ class InProcessFleetClient:
                     results[label] = self._outcome(label, task, finished.get(task, now) - started)
                 else:  # left running: vLLM's future is removed only by the reply
                     results[label] = timed_out(label, timeout_s)
-        outcomes = [results[label] for label, _ in targets]
-        if method == HAS_WORK:
-            outcomes = self._fail_closed(outcomes)
+        outcomes = self._settled(method, [results[label] for label, _ in targets])
         if method in FRONT_END_METHODS and engines is None and all(o.ok for o in outcomes):
             await self._keep_front_end(method, args, outcomes)
         return outcomes
+
+    def _settled(self, method: str, outcomes: list[EngineOutcome]) -> list[EngineOutcome]:
+        """A fan-out's outcomes as answered: what is read after it is read afresh (the gate's
+        verdict, an action's read-back: the memo cleared), ``has_work`` failed closed."""
+        self._memo.clear()
+        return self._fail_closed(outcomes) if method == HAS_WORK else outcomes
 
     def _fail_closed(self, outcomes: list[EngineOutcome]) -> list[EngineOutcome]:
         """``has_work`` false from a rank whose front-end count of unfinished requests

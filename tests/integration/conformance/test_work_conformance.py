@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from exporter.client.observe import WORK_COUNTS
 from exporter.fleetstate.snapshot import FleetSnapshot
 from tests.harness.fleet_kinds import ENGINES, FleetKind, ServedKind, serve_kind
 from tests.harness.scrape import Families, metric_value, samples
@@ -49,6 +50,12 @@ async def served(fleet_kind: FleetKind) -> AsyncIterator[ServedKind]:
 def counted(kind: FleetKind) -> bool:
     """Whether the mode publishes each rank's running and waiting requests."""
     return kind.client.capabilities.request_counts
+
+
+def listens(kind: FleetKind) -> bool:
+    """Whether the mode's polls take ``has_work`` from live request counts, asking it only
+    where they cannot tell (in-process: docs/activity.md, a listening poll)."""
+    return kind.client.observations.knows(WORK_COUNTS)
 
 
 async def polled_until(
@@ -180,27 +187,36 @@ async def test_a_rank_whose_has_work_cannot_be_read_is_unknown_never_drained(
     position, given = FAULTS[fault]
     me = fleet_kind.labels[position]
     await break_has_work(fleet_kind, fault, position, given)
-    snap = await polled_until(
-        served,
-        lambda s: (
-            s.engines[position].has_work is None
-            and all(e.has_work is False for i, e in enumerate(s.engines) if i != position)
-        ),
-        f"rank {me}'s has_work unknown",
-    )
-    assert not snap.engines[position].drained
-    doc = await served.status()
-    validate_status(doc)
-    mine = doc["engines"][position]["activity"]
-    assert (mine["has_work"], mine["drained"]) == (None, None), mine
-    others = [e["activity"] for i, e in enumerate(doc["engines"]) if i != position]
-    assert all(a["has_work"] is False and a["drained"] is True for a in others), others
-    m = await served.scrape()  # the exporter keeps serving
-    assert metric_value(m, "vllm_dp_engine_has_work", engine=me) is None
-    for i, label in enumerate(fleet_kind.labels):
-        if i != position:
-            assert metric_value(m, "vllm_dp_engine_has_work", engine=label) == 0.0
-    assert inconsistencies(served, m) == 0
+    if listens(fleet_kind) and fault != "hung":
+        # The polls ask no rank has_work: its counts (0) tell it idle, as they tell the others.
+        # Only the gate, which asks every rank afresh, meets the broken answer (below).
+        await polled_until(served, lambda s: all(e.drained for e in s.engines), "all told idle")
+        doc = await served.status()
+        validate_status(doc)
+        mine = doc["engines"][position]["activity"]
+        assert (mine["has_work"], mine["has_work_read"], mine["drained"]) == (False, "told", True)
+    else:
+        snap = await polled_until(
+            served,
+            lambda s: (
+                s.engines[position].has_work is None
+                and all(e.has_work is False for i, e in enumerate(s.engines) if i != position)
+            ),
+            f"rank {me}'s has_work unknown",
+        )
+        assert not snap.engines[position].drained
+        doc = await served.status()
+        validate_status(doc)
+        mine = doc["engines"][position]["activity"]
+        assert (mine["has_work"], mine["drained"]) == (None, None), mine
+        others = [e["activity"] for i, e in enumerate(doc["engines"]) if i != position]
+        assert all(a["has_work"] is False and a["drained"] is True for a in others), others
+        m = await served.scrape()  # the exporter keeps serving
+        assert metric_value(m, "vllm_dp_engine_has_work", engine=me) is None
+        for i, label in enumerate(fleet_kind.labels):
+            if i != position:
+                assert metric_value(m, "vllm_dp_engine_has_work", engine=label) == 0.0
+        assert inconsistencies(served, m) == 0
     code, body = await served.gate("drained=true")
     assert code == 412 and body["failing_engines"] == [me], body
     (failure,) = [f for f in body["engines"][position]["failures"] if f.startswith("drained")]
@@ -214,13 +230,17 @@ async def test_drained_is_unsupported_when_no_rank_has_has_work(
 ) -> None:
     for i in range(ENGINES):
         await fleet_kind.lack(i, "has_work")
+    told = listens(fleet_kind)  # its polls ask no rank has_work: the counts tell them idle
     await polled_until(
-        served, lambda s: all(e.has_work is None for e in s.engines), "has_work unknown"
+        served,
+        lambda s: all(e.has_work is (False if told else None) for e in s.engines),
+        "has_work told" if told else "has_work unknown",
     )
     code, body = await served.gate("drained=true")
     assert code == 501 and body["unsupported"] == ["drained"], body
+    await served.fresh_poll()  # after the gate learnt the method is missing: still told
     doc = await served.status()
-    assert all(e["activity"]["drained"] is None for e in doc["engines"])
+    assert all(e["activity"]["drained"] is (True if told else None) for e in doc["engines"])
     assert (await served.gate("sleeping=false"))[0] == 200  # the other conditions still work
 
 

@@ -191,6 +191,7 @@ async def test_a_target_with_work_then_drained(
     found = await activity(ex)
     assert found[name] == {
         "has_work": True,
+        "has_work_read": "asked",  # HTTP mode's /metrics read
         "running": 0,
         "waiting": MAX_RUNNING + 2,
         "drained": False,
@@ -214,7 +215,13 @@ async def test_a_target_with_work_then_drained(
     assert by_engine(body)[name]["values"]["has_work"] is False
     assert by_engine(body)[name]["requests"] == IDLE
     found = await activity(ex)
-    assert found[name] == {"has_work": False, "running": 0, "waiting": 0, "drained": True}
+    assert found[name] == {
+        "has_work": False,
+        "has_work_read": "asked",
+        "running": 0,
+        "waiting": 0,
+        "drained": True,
+    }
     families = parse_metrics(await ex.metrics())
     assert metric_value(families, "vllm_dp_engine_has_work", engine=name) == 0
 
@@ -312,7 +319,13 @@ async def test_an_unreadable_metrics_answer_fails_closed(
     assert (status, body["failing_engines"]) == (412, [name]), body
     # /metrics and /status keep answering; the failure is counted.
     found = await activity(ex)
-    assert found[name] == {"has_work": None, "running": None, "waiting": None, "drained": None}
+    assert found[name] == {
+        "has_work": None,
+        "has_work_read": None,
+        "running": None,
+        "waiting": None,
+        "drained": None,
+    }
     families = parse_metrics(await asyncio.wait_for(ex.metrics(), WAIT_S))
     failed = metric_value(
         families, "vllm_dp_utility_calls", method="has_work", engine=name, outcome="failed"

@@ -11,16 +11,22 @@
 * ``plugin_apps``: ``await plugin_apps(n, **fleet_options)`` is the plugin's app over ``n``
   simulated engines, ready (``ready=False``: not waited for, a hung engine's fleet never is);
   ``await plugin_apps.bare(engine_client)`` over any engine client. All stopped at the end.
+* ``stat_logger``: the plugin's stat logger as vLLM builds it for a client of ranks 0-2,
+  recording into the process's feed (detached again at the end).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
+from exporter.client.inprocess.feed import FEED
+from exporter.inprocess.statlogger import logger_class
 from tests.harness.inprocess import EmbeddedExporters, SimVllm, SimVllmFactory
 from tests.harness.plugin_app import PluginApps, plugin_env, vllm_series
+from tests.unit.inprocess.test_statlogger import StandInBase
 
 
 @pytest.fixture
@@ -62,3 +68,11 @@ async def plugin_apps(env: Callable[..., None], vllm_registry: None) -> AsyncIte
     apps = PluginApps()
     yield apps
     await apps.close()
+
+
+@pytest.fixture
+def stat_logger() -> Iterator[Any]:
+    """The plugin's stat logger as vLLM builds it for a client of ranks 0-2 (the process's
+    feed), detached again after the test."""
+    yield logger_class(StandInBase)(vllm_config=None, engine_indexes=[0, 1, 2])
+    FEED.detach()

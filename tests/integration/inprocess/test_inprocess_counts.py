@@ -142,7 +142,13 @@ async def test_requests_a_keep_pause_hides_are_counted_from_the_front_ends_own_c
     identity = sim_vllm.core.core_engines[1]
     sim_vllm.core.engine_inflight[identity] = 2
     activity, metrics = await activity_until(service, [(0, 0), (2, 0), (0, 0)])
-    assert [a["has_work"] for a in activity] == [False, False, False]  # vLLM's answer
+    # The poll listens: each rank's activity is what its counts tell (vLLM's has_work would
+    # answer false for rank 1 too), so rank 1 has work and is never drained.
+    assert [(a["has_work"], a["has_work_read"]) for a in activity] == [
+        (False, "told"),
+        (True, "told"),
+        (False, "told"),
+    ]
     assert [a["drained"] for a in activity] == [True, False, True]
     assert requests_series(metrics, "1") == (2.0, 0.0)
     async with http_session() as session:
@@ -209,9 +215,11 @@ async def test_a_hostile_entry_makes_that_ranks_counts_null_end_to_end(
     idle_subscription(sim_vllm)
     set_table(sim_vllm, [[1, 2, 0.5], [-1, 0, 0.0], [0, "busy", 0.0]])
     activity, metrics = await activity_until(service, [(2, 1), (None, None), (None, None)])
-    # vLLM publishes requests on rank 0 while its has_work says no: not drained.
-    assert (activity[0]["has_work"], activity[0]["drained"]) == (False, False)
-    assert [a["drained"] for a in activity[1:]] == [True, True]  # has_work false, no counts
+    # vLLM publishes requests on rank 0: it has work, told by its counts (not asked).
+    assert (activity[0]["has_work"], activity[0]["drained"]) == (True, False)
+    assert activity[0]["has_work_read"] == "told"
+    # No counts for ranks 1 and 2: asked, and vLLM's has_work false with no count is drained.
+    assert [(a["has_work_read"], a["drained"]) for a in activity[1:]] == [("asked", True)] * 2
     assert requests_series(metrics, "0") == (2.0, 1.0)
     assert requests_series(metrics, "1") == requests_series(metrics, "2") == (None, None)
 

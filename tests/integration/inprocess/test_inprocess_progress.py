@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from exporter.client.inprocess.feed import FEED
-from exporter.inprocess.statlogger import logger_class
 from exporter.web.app import RunningService
 from tests.harness.inprocess import EmbeddedExporters, SimVllm, fresh_poll, http_session
 from tests.harness.scrape import metric_value, parse_metrics
 from tests.harness.statusschema import validate_status
-from tests.unit.inprocess.test_statlogger import StandInBase
 
 STALL_S = 1.0
 WAIT_S = 15.0
@@ -34,14 +29,6 @@ LONG_S = 600.0
 class Stats:
     num_generation_tokens: int = 0
     num_prompt_tokens: int = 0
-
-
-@pytest.fixture
-def stat_logger() -> Iterator[Any]:
-    """The plugin's stat logger as vLLM builds it for a client of ranks 0-2 (the process's
-    feed), detached again after the test."""
-    yield logger_class(StandInBase)(vllm_config=None, engine_indexes=[0, 1, 2])
-    FEED.detach()
 
 
 async def read(service: RunningService) -> tuple[dict[str, Any], Any]:

@@ -136,8 +136,8 @@ async def test_ctl_status_shows_what_each_rank_is_doing(
     code, out, _ = await ctl(capsys, "status", "--url", svc.url, "--json")
     activity = [e["activity"] for e in json.loads(out)["engines"]]
     assert activity == [
-        {"has_work": True, "running": 3, "waiting": 0, "drained": False},
-        {"has_work": False, "running": 0, "waiting": 0, "drained": True},
+        {"has_work": True, "has_work_read": "asked", "running": 3, "waiting": 0, "drained": False},
+        {"has_work": False, "has_work_read": "asked", "running": 0, "waiting": 0, "drained": True},
     ]
 
 

@@ -137,9 +137,7 @@ async def test_never_sent_to_an_engine_without_sleep_mode(rl_fleet: ServiceFacto
 
 
 @pytest.mark.parametrize("bad", ["mode=later", "mode=wait&mode=abort", "flag=1"])
-async def test_bad_requests_are_400_and_reach_no_engine(
-    rl_fleet: ServiceFactory, bad: str
-) -> None:
+async def test_bad_requests_are_400_and_reach_no_engine(rl_fleet: ServiceFactory, bad: str) -> None:
     svc = await rl_fleet(2, options=V034)
     assert svc.admin_url is not None
     async with svc.session.post(f"{svc.admin_url}/admin/checkpoint_prepare?{bad}") as resp:

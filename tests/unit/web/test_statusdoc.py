@@ -198,24 +198,51 @@ def test_each_engine_says_what_it_is_doing_and_null_where_unknown() -> None:
             "5", detail("5", requests=RequestCounts(0, 4)), is_sleeping=False, has_work=False
         ),
         engine_snapshot("6", is_sleeping=False),  # has_work not read (unsupported)
+        engine_snapshot(  # a listening poll: told by its counts, not asked
+            "7",
+            detail("7", requests=RequestCounts(0, 0)),
+            is_sleeping=False,
+            has_work=EngineOutcome("7", Outcome.OK, False, told=True),
+        ),
     )
     doc = run_steps(status_steps(snap, CONFIG, now=60.0))
     validate_status(doc)
+    engine = "asked"
     assert [e["activity"] for e in doc["engines"]] == [
-        {"has_work": True, "running": 2, "waiting": 1, "drained": False},
-        {"has_work": False, "running": 0, "waiting": 0, "drained": True},
+        {"has_work": True, "has_work_read": engine, "running": 2, "waiting": 1, "drained": False},
+        {"has_work": False, "has_work_read": engine, "running": 0, "waiting": 0, "drained": True},
         # Idle counts do not make an unanswered rank drained.
-        {"has_work": None, "running": 0, "waiting": 0, "drained": None},
-        {"has_work": False, "running": None, "waiting": None, "drained": True},
-        {"has_work": None, "running": None, "waiting": None, "drained": None},
+        {"has_work": None, "has_work_read": None, "running": 0, "waiting": 0, "drained": None},
+        {
+            "has_work": False,
+            "has_work_read": engine,
+            "running": None,
+            "waiting": None,
+            "drained": True,
+        },
+        {
+            "has_work": None,
+            "has_work_read": None,
+            "running": None,
+            "waiting": None,
+            "drained": None,
+        },
         # has_work says no, vLLM publishes queued requests: not drained.
-        {"has_work": False, "running": 0, "waiting": 4, "drained": False},
-        {"has_work": None, "running": None, "waiting": None, "drained": None},
+        {"has_work": False, "has_work_read": engine, "running": 0, "waiting": 4, "drained": False},
+        {
+            "has_work": None,
+            "has_work_read": None,
+            "running": None,
+            "waiting": None,
+            "drained": None,
+        },
+        {"has_work": False, "has_work_read": "told", "running": 0, "waiting": 0, "drained": True},
     ]
     before = empty_snapshot([EngineDetail("0", True, "a")], expected=1, connected=1)
     (first,) = run_steps(status_steps(before, CONFIG, now=60.0))["engines"]
     assert first["activity"] == {
         "has_work": None,
+        "has_work_read": None,
         "running": None,
         "waiting": None,
         "drained": None,
