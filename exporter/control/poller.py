@@ -232,8 +232,12 @@ class Poller:
 
     async def _read(self, groups: list[tuple[str, ...]]) -> FleetReading:
         """This poll's reading: every engine at once, or paced a burst at a time; what a
-        source tells is not asked (``FleetRead.read``'s ``listen``)."""
+        source tells is not asked (``FleetRead.read``'s ``listen``). A stall candidate is a
+        rank within one interval and one call timeout of ``--stall-after``: a paced poll judges
+        stalls with its last burst, up to that much later than an earlier burst asked."""
         listen = self.stall_after_s
+        if listen > 0:  # a rank that may reach --stall-after before the poll is judged: asked
+            listen = max(listen - self.interval_s - self.call_timeout_s, 1e-6)
         with late_answers_allowed():  # the poll's reads, never the gate's
             if len(groups) == 1:
                 return await self.source.read(
