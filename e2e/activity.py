@@ -43,7 +43,7 @@ SEEN_WAIT_S = 20.0
 #: Generations scenario 12a may start before its gate catches one still on its engine.
 GATE_ATTEMPTS = 3
 #: How long a pinned generation's first token may take (a loaded front end is slow).
-KEEP_START_S = 120.0
+FIRST_TOKEN_S = 120.0
 #: How much later than the pause's answer the stream may end: vLLM's front end still streams
 #: the last chunk the engine sent before its pause completed.
 STREAM_LAG_S = 2.0
@@ -211,7 +211,7 @@ def _gate_naming(exporter: Exporter, busy: str, gen: LongGeneration) -> dict[str
     from the request on while the generation's stream has not ended (bounded: ``SEEN_WAIT_S``
     past its first token, which a loaded front end streams late); None when every answer
     before its end was 200 (the engine had finished), or the stream ended first."""
-    deadline = time.monotonic() + KEEP_START_S
+    deadline = time.monotonic() + FIRST_TOKEN_S
     while time.monotonic() < deadline and not gen.finished.is_set():
         if gen.first_token_at is not None:
             deadline = min(deadline, gen.first_token_at + SEEN_WAIT_S)
