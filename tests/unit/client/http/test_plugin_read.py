@@ -170,9 +170,12 @@ class SlowServer:
         self.answered += 1
         return reply
 
-    async def settled(self) -> None:
-        """Every request asked so far has its answer (bounded)."""
+    async def settled(self, state: PluginTargetState | None = None) -> None:
+        """Every request asked so far has its answer (bounded), and ``state``'s request task
+        has taken it in (it ends a loop turn after the fetch returns: ``wait_for``'s task)."""
         await eventually(lambda: self.answered == self.asked, 5, "the late answers")
+        if state is not None and state.sample is not None:
+            await asyncio.wait_for(asyncio.shield(state.sample), 5)
 
 
 async def test_a_fresh_read_times_out_rather_than_answer_from_a_late_answer(
@@ -236,7 +239,7 @@ async def test_the_polls_read_may_use_the_answer_that_came_late(state: PluginTar
     with late_answers_allowed():
         first = await reads.read(state, "has_work", TIMEOUT_S)
         assert [o.outcome for o in first] == [Outcome.TIMEOUT]
-        await server.settled()
+        await server.settled(state)
         server.ranks = BUSY
         found = work(await reads.read(state, "has_work", TIMEOUT_S))
     assert server.asked == 2
