@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -32,11 +33,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    stacks_on_usr1(loop)
     try:
         service = await start_service(config)
     except BaseException:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        _remove_handlers(loop)
         raise
     try:
         tls = config.web is not None and config.web.ssl_context is not None
@@ -63,8 +64,32 @@ async def serve(
         log.info("stopping")
     finally:
         await service.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        _remove_handlers(loop)
+
+
+def _remove_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    faulthandler.unregister(signal.SIGUSR1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        loop.remove_signal_handler(sig)
+
+
+def stacks_on_usr1(loop: asyncio.AbstractEventLoop) -> None:
+    """``kill -USR1 PID``: every thread's Python stack on stderr, at once even while the loop
+    is blocked (``faulthandler``), then every task of the loop with where it waits (a process
+    that does not stop or answer says where it is, docs/runbooks.md). It keeps running."""
+
+    def tasks() -> None:
+        for task in asyncio.all_tasks(loop):
+            print(f"Task {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+            task.print_stack(limit=12, file=sys.stderr)
+        sys.stderr.flush()
+
+    loop.add_signal_handler(signal.SIGUSR1, tasks)
+    # Installed after the loop's handler, which it then calls (chain): threads first.
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+    except (OSError, ValueError, AttributeError):  # a stderr without a file (embedded, tests)
+        log.debug("no thread stacks on SIGUSR1: stderr has no file descriptor")
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -107,7 +107,12 @@ async def _run_admin_listener(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     admin_app = create_admin_app(exporter)
-    runner = guarded_runner(admin_app, access_log=None, handler_cancellation=False)
+    # At shutdown the in-flight action has had its grace (``ADMIN_SHUTDOWN_KEY``): then one
+    # second for the rest, as the main listener (aiohttp's default would wait 60 s for a client
+    # that keeps calling on a kept-alive connection).
+    runner = guarded_runner(
+        admin_app, access_log=None, handler_cancellation=False, shutdown_timeout=1.0
+    )
     await runner.setup()
     web_config = exporter.config.web
     tls = web_config.ssl_context if web_config is not None else None

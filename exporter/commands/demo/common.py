@@ -282,12 +282,21 @@ async def serve_demo(
             loop = reset_loop(admin_url, reset_every, config.admin_token)
             tasks.append(asyncio.create_task(loop))
     print("\n".join(lines), flush=True)
+    stop = stop or asyncio.Event()
+    if tasks:  # the trainer stops calling once the demo is told to stop, before it drains
+        tasks.append(asyncio.create_task(_cancel_when_set(stop, list(tasks))))
     try:
         await serve(config, stop)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _cancel_when_set(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
 
 
 def demo_config(options: DemoOptions, **attach: Any) -> ServeConfig:

@@ -41,6 +41,20 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | No
     return out
 
 
+def _wait_or_dump(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> int:
+    """``proc``'s exit code; if it has not exited within ``timeout_s``, fail with every
+    thread's stack (``kill -USR1``, the CLI's faulthandler) and its log."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        raise AssertionError(
+            f"no exit within {timeout_s:g} s of SIGTERM; its stacks and log:\n"
+            + log_path.read_text()[-20000:]
+        ) from None
+
+
 def _run_demo_until(
     tmp_path: Path, attach: str, check: object, children: int | None = None, timeout_s: float = 25
 ) -> None:
@@ -90,9 +104,16 @@ def _run_demo_until(
         pids = children_of(proc.pid)
         if children is not None:
             assert len(pids) == children, pids
+        # kill -USR1: every thread's stack in the log, and the demo keeps running.
+        proc.send_signal(signal.SIGUSR1)
+        dumped = time.monotonic() + 10
+        while "most recent call first" not in log_path.read_text():
+            assert time.monotonic() < dumped, "no stacks after SIGUSR1"
+            time.sleep(0.1)
+        assert proc.poll() is None and scrape(url) is not None, "SIGUSR1 stopped the demo"
         proc.send_signal(signal.SIGTERM)
         # Generous: under a full test run on 2 cores, its 3 engine processes once took >10 s.
-        assert proc.wait(timeout=30) == 0, log_path.read_text()
+        assert _wait_or_dump(proc, log_path, 30) == 0, log_path.read_text()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
             time.sleep(0.05)
