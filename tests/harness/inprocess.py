@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +30,9 @@ from exporter.client.inprocess.vllm_core import VllmCore
 from exporter.inprocess import start_exporter
 from exporter.sim.options import RequestHook, SimOptions
 from exporter.web.app import RunningService
+from tests.harness.scrape import parse_metrics
 from tests.harness.service import RecordingSimEngine
+from tests.harness.statusschema import validate_status
 
 WAIT_S = 5.0  # upper bound of one wait (a handshake, an engine's exit, a stop)
 POLL_INTERVAL = 0.1
@@ -251,3 +254,48 @@ async def refuses_connections(url: str) -> bool:
 
 def http_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+
+#: How long a held request lasts on a simulated engine (longer than any test).
+HOLD_S = 600.0
+
+
+@dataclass
+class TokenStats:
+    """vLLM's ``IterationStats`` as a stat logger reads it: one step's tokens."""
+
+    num_generation_tokens: int = 0
+    num_prompt_tokens: int = 0
+
+
+def coordinate(sim: SimVllm) -> None:
+    """vLLM's DP coordinator, simulated: the table follows each engine's requests."""
+    engines = sim.engines
+    sim.core.start_coordinator(lambda r: engines[r].state.request_counts(time.monotonic()))
+
+
+def holding(sim: SimVllm, rank: int, count: int) -> None:
+    """The front end sent ``count`` requests to ``rank`` and its engine holds them."""
+    core = sim.core
+    core.engine_inflight[core.core_engines[rank]] = count
+    sim.engines[rank].state.submit(HOLD_S, time.monotonic(), count=count)
+
+
+async def read_status(service: RunningService) -> tuple[dict[str, Any], Any]:
+    """``/status`` (checked against its schema) and the scrape, after a fresh poll."""
+    await fresh_poll(service)
+    async with http_session() as session:
+        async with session.get(service.url + "/status") as resp:
+            assert resp.status == 200
+            doc = await resp.json()
+        async with session.get(service.url + "/metrics") as resp:
+            assert resp.status == 200
+            metrics = parse_metrics(await resp.text())
+    validate_status(doc)
+    return doc, metrics
+
+
+async def read_activity(service: RunningService) -> tuple[list[dict[str, Any]], Any]:
+    """Every engine's ``/status`` activity and the scrape, after a fresh poll."""
+    doc, metrics = await read_status(service)
+    return [e["activity"] for e in doc["engines"]], metrics

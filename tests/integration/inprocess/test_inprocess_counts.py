@@ -21,18 +21,17 @@ import pytest
 from exporter.client.inprocess.vllm_core import VllmCore
 from exporter.protocol.activity import RequestCounts
 from exporter.web.app import RunningService
-from tests.harness.inprocess import EmbeddedExporters, SimVllm, fresh_poll, http_session
-from tests.harness.scrape import metric_value, parse_metrics
-from tests.harness.statusschema import validate_status
+from tests.harness.inprocess import (
+    EmbeddedExporters,
+    SimVllm,
+    coordinate,
+    http_session,
+    read_activity,
+)
+from tests.harness.scrape import metric_value
 
 WAIT_S = 10.0
 LONG_S = 600.0
-
-
-def coordinate(sim: SimVllm) -> None:
-    """vLLM's DP coordinator, simulated: the table follows each engine's requests."""
-    engines = sim.engines
-    sim.core.start_coordinator(lambda r: engines[r].state.request_counts(time.monotonic()))
 
 
 def set_table(sim: SimVllm, table: Any, managed: Any = (0, 1, 2)) -> None:
@@ -49,27 +48,13 @@ def idle_subscription(sim: SimVllm) -> asyncio.Task[None]:
     return task
 
 
-async def read(service: RunningService) -> tuple[list[dict[str, Any]], Any]:
-    """Every engine's ``/status`` activity and the scrape, after a fresh poll."""
-    await fresh_poll(service)
-    async with http_session() as session:
-        async with session.get(service.url + "/status") as resp:
-            assert resp.status == 200
-            doc = await resp.json()
-        async with session.get(service.url + "/metrics") as resp:
-            assert resp.status == 200
-            metrics = parse_metrics(await resp.text())
-    validate_status(doc)
-    return [e["activity"] for e in doc["engines"]], metrics
-
-
 async def activity_until(
     service: RunningService, wanted: list[tuple[Any, Any]]
 ) -> tuple[list[dict[str, Any]], Any]:
     """Fresh reads until every rank's (running, waiting) is ``wanted`` (bounded)."""
     deadline = time.monotonic() + WAIT_S
     while True:
-        activity, metrics = await read(service)
+        activity, metrics = await read_activity(service)
         seen = [(a["running"], a["waiting"]) for a in activity]
         if seen == wanted:
             return activity, metrics
@@ -187,7 +172,7 @@ async def test_without_a_coordinator_subscription_no_count_is_known(
     sim_vllm.engines[1].state.submit(LONG_S, time.monotonic())
     # vLLM's table stays at its initial zeros without the subscription: never read as idle.
     assert sim_vllm.core.lb_engines == [[0, 0, 0.0]] * 3
-    activity, metrics = await read(service)
+    activity, metrics = await read_activity(service)
     assert [(a["running"], a["waiting"]) for a in activity] == [(None, None)] * 3
     assert [a["has_work"] for a in activity] == [False, True, False]  # has_work is its own read
     assert [requests_series(metrics, e) for e in "012"] == [(None, None)] * 3
@@ -299,7 +284,7 @@ async def test_the_exporter_keeps_serving_whatever_the_table_holds(
     idle_subscription(sim_vllm)
     for table in ("garbage", [[0, 1]] * 5000, [[{"x": 1}, 2**70]] * 3, []):
         set_table(sim_vllm, table)
-        activity, _ = await read(service)
+        activity, _ = await read_activity(service)
         assert len(activity) == 3
     async with aiohttp.ClientSession() as session:
         async with session.get(service.url + "/healthz") as resp:

@@ -16,14 +16,23 @@ from typing import Any
 import pytest
 
 from exporter.web.app import RunningService
-from tests.harness.inprocess import EmbeddedExporters, SimVllm, http_session
-from tests.integration.inprocess.test_inprocess_counts import coordinate, read
-from tests.integration.inprocess.test_inprocess_progress import STALL_S, Stats, holding
-from tests.integration.inprocess.test_inprocess_progress import read as read_doc
+from tests.harness.inprocess import (
+    EmbeddedExporters,
+    SimVllm,
+    coordinate,
+    holding,
+    http_session,
+    read_activity,
+    read_status,
+)
+from tests.harness.inprocess import TokenStats as Stats
 
 WAIT_S = 15.0
 LONG_S = 600.0
 POLLS = 4
+
+#: ``--stall-after`` of the tests that look for stalls.
+STALL_S = 1.0
 
 
 def asked(sim: SimVllm, method: str = "has_work") -> list[int]:
@@ -40,7 +49,7 @@ async def polls(service: RunningService, count: int = POLLS) -> list[dict[str, A
     """``count`` fresh polls; the activity of the last."""
     activity: list[dict[str, Any]] = []
     for _ in range(count):
-        activity, _ = await read(service)
+        activity, _ = await read_activity(service)
     return activity
 
 
@@ -104,7 +113,7 @@ async def test_a_stall_candidate_is_asked_and_stalls_only_on_its_engines_answer(
     deadline = time.monotonic() + WAIT_S
     while True:
         stat_logger.record(None, Stats(8, 0), engine_idx=2)  # rank 2 computes (idle)
-        doc, _ = await read_doc(service)
+        doc, _ = await read_status(service)
         states = [e["state"] for e in doc["engines"]]
         if states[1] == "stalled":
             break
@@ -114,7 +123,7 @@ async def test_a_stall_candidate_is_asked_and_stalls_only_on_its_engines_answer(
     before = asked(sim_vllm)
     for _ in range(POLLS):
         stat_logger.record(None, Stats(8, 0), engine_idx=2)
-        doc, _ = await read_doc(service)
+        doc, _ = await read_status(service)
     grew = grown(sim_vllm, before)
     assert grew[0] >= POLLS and grew[1] >= POLLS and grew[2] == 0, grew
     zero, one = (e["activity"] for e in doc["engines"][:2])

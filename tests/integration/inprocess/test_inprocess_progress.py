@@ -11,42 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from exporter.client.inprocess.feed import FEED
-from exporter.web.app import RunningService
-from tests.harness.inprocess import EmbeddedExporters, SimVllm, fresh_poll, http_session
-from tests.harness.scrape import metric_value, parse_metrics
-from tests.harness.statusschema import validate_status
+from tests.harness.inprocess import EmbeddedExporters, SimVllm, holding, read_status
+from tests.harness.inprocess import TokenStats as Stats
+from tests.harness.scrape import metric_value
 
 STALL_S = 1.0
 WAIT_S = 15.0
 LONG_S = 600.0
-
-
-@dataclass
-class Stats:
-    num_generation_tokens: int = 0
-    num_prompt_tokens: int = 0
-
-
-async def read(service: RunningService) -> tuple[dict[str, Any], Any]:
-    await fresh_poll(service)
-    async with http_session() as session:
-        async with session.get(service.url + "/status") as resp:
-            doc = await resp.json()
-        async with session.get(service.url + "/metrics") as resp:
-            metrics = parse_metrics(await resp.text())
-    validate_status(doc)
-    return doc, metrics
-
-
-def holding(sim: SimVllm, rank: int, count: int) -> None:
-    """The front end sent ``count`` requests to ``rank`` and its engine holds them."""
-    core = sim.core
-    core.engine_inflight[core.core_engines[rank]] = count
-    sim.engines[rank].state.submit(LONG_S, time.monotonic(), count=count)
 
 
 async def test_a_rank_that_holds_requests_and_computes_nothing_reads_stalled(
@@ -59,7 +33,7 @@ async def test_a_rank_that_holds_requests_and_computes_nothing_reads_stalled(
     deadline = time.monotonic() + WAIT_S
     while True:
         stat_logger.record(None, Stats(8, 0), engine_idx=2)  # vLLM's output path, per step
-        doc, metrics = await read(service)
+        doc, metrics = await read_status(service)
         states = [e["state"] for e in doc["engines"]]
         if states == ["awake", "stalled", "awake"]:
             break
@@ -81,7 +55,7 @@ async def test_a_rank_that_holds_requests_and_computes_nothing_reads_stalled(
     assert age is not None and age >= STALL_S
     # It computes again: awake and routable at the next poll.
     stat_logger.record(None, Stats(0, 120), engine_idx=1)  # a prefill completed
-    doc, metrics = await read(service)
+    doc, metrics = await read_status(service)
     assert doc["engines"][1]["state"] == "awake" and doc["engines"][1]["routable"]["routable"]
     assert doc["engines"][1]["progress"]["tokens"] == 120
 
@@ -96,7 +70,7 @@ async def test_an_idle_rank_given_work_is_not_stalled_before_stall_after_from_th
     service = await embedded(sim_vllm.llm, stall_after=stall_s)
     deadline = time.monotonic() + WAIT_S
     while True:  # every rank idle for longer than --stall-after
-        doc, _ = await read(service)
+        doc, _ = await read_status(service)
         if min(e["progress"]["age_seconds"] for e in doc["engines"]) > stall_s:
             break
         assert time.monotonic() < deadline, doc["engines"]
@@ -104,7 +78,7 @@ async def test_an_idle_rank_given_work_is_not_stalled_before_stall_after_from_th
     assert [e["progress"]["held_since_unix"] for e in doc["engines"]] == [None, None, None]
     holding(sim_vllm, 1, 1)
     sim_vllm.engines[1].state.work.stuck = True
-    doc, _ = await read(service)  # the first poll that saw the work
+    doc, _ = await read_status(service)  # the first poll that saw the work
     one = doc["engines"][1]
     assert one["state"] == "awake" and one["routable"]["routable"], one
     assert one["progress"]["held"] == 1 and one["progress"]["age_seconds"] > stall_s, one
@@ -114,7 +88,7 @@ async def test_an_idle_rank_given_work_is_not_stalled_before_stall_after_from_th
     while one["state"] != "stalled":
         assert time.monotonic() < deadline, f"rank 1 never stalled: {one}"
         await asyncio.sleep(0.2)
-        doc, _ = await read(service)
+        doc, _ = await read_status(service)
         one = doc["engines"][1]
         assert one["progress"]["held_since_unix"] == came, one  # one stretch of work
     assert time.time() - came >= stall_s
@@ -128,7 +102,7 @@ async def test_a_paused_or_idle_rank_is_never_stalled_and_no_stat_logger_is_unkn
     await sim_vllm.direct_call("pause_scheduler", 0, "keep")  # the operator's pause
     deadline = time.monotonic() + WAIT_S
     while True:  # until a poll saw every rank past --stall-after without a token
-        doc, _ = await read(service)
+        doc, _ = await read_status(service)
         if min(e["progress"]["age_seconds"] for e in doc["engines"]) > STALL_S:
             break
         assert time.monotonic() < deadline, doc["engines"]
@@ -136,6 +110,6 @@ async def test_a_paused_or_idle_rank_is_never_stalled_and_no_stat_logger_is_unkn
     assert [e["state"] for e in doc["engines"]] == ["paused", "awake", "awake"]
     assert [e["progress"]["tokens"] for e in doc["engines"]] == [0, 0, 0]
     FEED.detach()  # vLLM built no stat logger of ours (VLLM_PLUGINS left it out)
-    doc, metrics = await read(service)
+    doc, metrics = await read_status(service)
     assert [e["progress"] for e in doc["engines"]] == [None, None, None]
     assert metric_value(metrics, "vllm_dp_engine_progress_tokens_total", engine="0") is None
