@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.plugin_loop_report import report
 from bench.procs import engine_fleet, free_address
-from bench.report_model import machine_lines, publish
+from bench.report_model import publish
 from bench.sim_vllm import start_sim_vllm
-from bench.steps import StepLog, timed_steps
+from bench.steps import StepLog, Window, timed_steps
+from bench.wire_floor import client_cpu_per_call
 from exporter.base import eventloop
 from exporter.base.steps import Steps, run_steps
 from exporter.inprocess.runtime import InProcessRuntime
@@ -56,6 +58,24 @@ class Phase:
     def quantile(self, q: float) -> float:
         ordered = sorted(self.lags_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    @property
+    def lag_p99(self) -> float:
+        return self.quantile(0.99)
+
+
+def window_medians(windows: Sequence[Window]) -> dict[str, float]:
+    """Per poll, the exporter's longest step and the probe's (a trivial step: the machine's
+    floor), by CPU and wall clock: the medians over the polls, in ms."""
+    if not windows:
+        return dict.fromkeys(("poll_step_cpu", "poll_step_wall", "floor_cpu", "floor_wall"), 0.0)
+    return {
+        "poll_step_cpu": statistics.median(w.exporter_cpu for w in windows) * 1000,
+        "poll_step_wall": statistics.median(w.exporter_wall for w in windows) * 1000,
+        "floor_cpu": statistics.median(w.probe_cpu for w in windows) * 1000,
+        "floor_wall": statistics.median(w.probe_wall for w in windows) * 1000,
+        "windows": len(windows),
+    }
 
 
 async def probe(seconds: float) -> list[float]:
@@ -84,7 +104,7 @@ async def phase(seconds: float, runtime: InProcessRuntime | None) -> Phase:
     )
     calls_before = calls_by_method(runtime)
     cpu, wall = time.process_time(), time.perf_counter()
-    lags = await probe(seconds)
+    lags = await asyncio.ensure_future(probe(seconds))  # a task: its steps are timed too
     result = Phase(lags, time.process_time() - cpu, time.perf_counter() - wall)
     if runtime is not None and runtime.exporter is not None:
         result.polls = runtime.exporter.poller.snapshot.poll_number - polls_before
@@ -140,11 +160,13 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
             # oldest generation's collections then skip it. The same here.
             gc.collect()
             gc.freeze()
+            client_cpu_s = await client_cpu_per_call(llm, engines_per_burst=args.engines_per_burst)
+            windows: list[Window] = []
             without: list[Phase] = []
             with_plugin: list[Phase] = []
             render_ms: list[float] = []
             longest: list[tuple[float, str]] = []
-            surface_ms: dict[str, float] = {}
+            surface_ms: dict[str, list[float]] = {}
             for _ in range(args.repeats):
                 without.append(await phase(args.phase_seconds, None))
                 env = {
@@ -158,12 +180,15 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
                     await runtime.start(llm, None)
                     assert runtime.exporter is not None, runtime.problem
                     await asyncio.sleep(args.poll_interval)  # the first poll is not steady
+                    runtime.exporter.poller.listeners.append(lambda _: steps.cut())
                     steps.clear()
                     steps.recording = True
                     with_plugin.append(await phase(args.phase_seconds, runtime))
                     longest.append(steps.exporter_longest())
+                    windows += steps.windows[1:]  # the first window began mid-poll
+                    steps.windows.clear()
                     for key, seconds in (await surfaces(runtime, steps)).items():
-                        surface_ms[key] = max(surface_ms.get(key, 0.0), seconds * 1000)
+                        surface_ms.setdefault(key, []).append(seconds * 1000)
                     steps.recording = False
                 for _ in range(20):
                     started = time.perf_counter()
@@ -182,12 +207,20 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
     intervals = sum(p.seconds for p in with_plugin) / args.poll_interval
     extra_cpu = sum(p.cpu_s for p in with_plugin) - sum(p.cpu_s for p in without)
     step_s, step_where = max(longest)
+    ratios = [w.lag_p99 / wo.lag_p99 for wo, w in zip(without, with_plugin, strict=True)]
+    client_us = client_cpu_s * 1e6 * sum(calls.values()) / intervals / size
     return {
         "step_ms": step_s * 1000,
         "step_where": step_where.removeprefix("exporter:"),
-        "series_step_ms": surface_ms["series"],
-        "gate_step_ms": surface_ms["gate"],
-        "status_ms": surface_ms["status"],
+        **window_medians(windows),
+        "p99_ratio": statistics.median(ratios),
+        "p99_ratio_min": min(ratios),
+        "p99_ratio_max": max(ratios),
+        "pairs": len(ratios),
+        "client_us_per_engine_interval": client_us,
+        # Each surface is timed once a phase: the median over the phases, and the longest.
+        **{f"{key}_ms": statistics.median(ms) for key, ms in surface_ms.items()},
+        **{f"{key}_ms_max": max(ms) for key, ms in surface_ms.items()},
         "engines": size,
         "lag_p50_without": statistics.median(p.quantile(0.5) for p in without),
         "lag_p50_with": statistics.median(p.quantile(0.5) for p in with_plugin),
@@ -206,122 +239,6 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
         "render_ms_p50": statistics.median(render_ms),
         "render_ms_max": max(render_ms),
     }
-
-
-#: The in-process cost goals of #40 (docs/benchmarks/plugin-loop.md), checked at these sizes:
-#: loop-lag p99 with the plugin at most ``P99_RATIO`` times without; each exporter step at most
-#: ``STEP_MS`` of CPU; utility calls and this process's CPU per engine per poll interval at most
-#: ``CALLS_PER_ENGINE`` and ``CPU_US_PER_ENGINE``.
-GOAL_SIZES = (64, 256)
-P99_RATIO, STEP_MS, CALLS_PER_ENGINE, CPU_US_PER_ENGINE = 1.5, 3.0, 3.0, 180.0
-
-
-def goals(r: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Each in-process cost goal for one row: (what, holds)."""
-    checks = [
-        (
-            f"lag p99 {r['lag_p99_with'] / r['lag_p99_without']:.2f}x of without (≤ {P99_RATIO}x)",
-            r["lag_p99_with"] <= P99_RATIO * r["lag_p99_without"],
-        ),
-    ]
-    for key, what in (
-        ("step_ms", "poll"),
-        ("series_step_ms", "/metrics"),
-        ("gate_step_ms", "/dp/gate"),
-        ("status_ms", "/dp/status"),
-    ):
-        checks.append(
-            (f"{what} longest step {r[key]:.2f} ms (≤ {STEP_MS:g} ms)", r[key] <= STEP_MS)
-        )
-    checks.append(
-        (
-            f"utility calls per engine per poll interval {r['calls_per_engine_interval']:.2f} "
-            f"({r['calls_by_method']}; ≤ {CALLS_PER_ENGINE:g})",
-            r["calls_per_engine_interval"] <= CALLS_PER_ENGINE,
-        )
-    )
-    checks.append(
-        (
-            f"CPU per engine per poll interval {r['cpu_us_per_engine_interval']:.0f} µs "
-            f"(≤ {CPU_US_PER_ENGINE:g} µs)",
-            r["cpu_us_per_engine_interval"] <= CPU_US_PER_ENGINE,
-        )
-    )
-    return checks
-
-
-def report(rows: Sequence[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
-    lines = [
-        "# The in-process exporter's cost on the event loop it shares with vLLM",
-        "",
-        f"Generated by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        "see `bench/plugin_loop.py` for the method. A simulated `AsyncLLM` (vLLM's engine-core "
-        "semantics) in this process, its engines in other processes; a probe sleeps 5 ms "
-        "again and again and records how late it wakes. Phases of "
-        f"{args.phase_seconds:g} s alternate without and with the plugin's runtime polling every "
-        f"{args.poll_interval:g} s ({_pacing(args)}), {args.repeats} of each per engine count; "
-        "lags are the median "
-        "over phases of each phase's quantile, the maximum over all phases. The heap is frozen "
-        "after start-up, as vLLM's API server does (`freeze_gc_heap`).",
-        "",
-        *machine_lines(),
-        "",
-        "| engines | lag p50 without / with (ms) | lag p99 without / with (ms) | "
-        "lag max without / with (ms) | CPU per poll (ms) | per engine (µs) | polls | "
-        "calls per engine per interval | "
-        "longest exporter step (ms CPU, where) | `/metrics` / `/dp/gate` / `/dp/status` "
-        "longest step (ms CPU) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['engines']:.0f} | {r['lag_p50_without']:.2f} / {r['lag_p50_with']:.2f} | "
-            f"{r['lag_p99_without']:.2f} / {r['lag_p99_with']:.2f} | "
-            f"{r['lag_max_without']:.1f} / {r['lag_max_with']:.1f} | "
-            f"{r['cpu_ms_per_poll']:.2f} | {r['cpu_us_per_engine']:.0f} | {r['polls']:.0f} | "
-            f"{r['calls_per_engine_interval']:.2f} | "
-            f"{r['step_ms']:.2f} (`{r['step_where']}`) | "
-            f"{r['series_step_ms']:.2f} / {r['gate_step_ms']:.2f} / {r['status_ms']:.2f} |"
-        )
-    lines += ["", "## Goals", ""]
-    for r in rows:
-        if int(r["engines"]) not in GOAL_SIZES:
-            continue
-        for what, holds in goals(r):
-            lines.append(
-                f"- {r['engines']:.0f} engines: {what}: **{'holds' if holds else 'fails'}**"
-            )
-    lines += [
-        "",
-        "CPU per poll is this process's CPU time with the runtime minus without it, per "
-        "completed poll (the read methods on every engine: is_sleeping, is_scheduler_paused, "
-        "get_weight_version, and has_work where no count tells it (docs/activity.md, a "
-        "listening poll); the snapshot, the history); calls per engine per poll are counted "
-        "by the exporter's own call counter over the phases; it includes the simulated "
-        "vLLM client's own work on the wire (encoding each call, one socket write, its output "
-        "reader resolving the future), which vLLM's client does in the real process. A step is "
-        "one uninterrupted run of one task on the loop, timed with the thread's CPU clock "
-        "(`bench/steps.py`: the simulated engines share this machine's cores, so wall-clock "
-        "stretches would count their time too); the exporter's steps are those of its own "
-        "coroutines. The lag maximum is wall-clock and includes the machine's own spread.",
-        "",
-        "How the simulated client differs from vLLM's: it is the exporter's owner-mode "
-        "transport under vLLM's per-call path (`bench/sim_vllm.py`, `SimWire`): the same "
-        "msgpack encoding, one ZMQ write per call, futures kept in `utility_results` until the "
-        "reply and popped by the output reader; vLLM's client adds its own request "
-        "bookkeeping and runs its output reader on the same loop.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _pacing(args: argparse.Namespace) -> str:
-    """How the runtime's polls read the engines (``--engines-per-burst``)."""
-    if args.engines_per_burst is None:
-        return "paced polls at the exporter's default engines per burst"
-    if args.engines_per_burst == 0:
-        return "every engine at once"
-    return f"paced polls, {args.engines_per_burst} engines per burst"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

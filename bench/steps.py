@@ -21,19 +21,53 @@ from typing import Any
 EXPORTER_CODE = "/exporter/"
 
 
+#: The probe's coroutine (``bench.plugin_loop.probe``): a trivial step, the machine's floor.
+PROBE = "other:probe"
+
+
+@dataclass
+class Window:
+    """The longest steps of one poll: the exporter's and the probe's, by this thread's CPU
+    time and by the wall clock (the wall also counts the time the thread was not running)."""
+
+    exporter_cpu: float = 0.0
+    exporter_wall: float = 0.0
+    probe_cpu: float = 0.0
+    probe_wall: float = 0.0
+
+
 @dataclass
 class StepLog:
-    """The longest step per coroutine name, and the exporter's longest overall."""
+    """The longest step per coroutine name, the exporter's longest overall, and the longest
+    steps of each poll (``cut`` ends a poll's window)."""
 
     longest: dict[str, float] = field(default_factory=dict)
     recording: bool = False
+    windows: list[Window] = field(default_factory=list)
+    current: Window = field(default_factory=Window)
 
-    def record(self, name: str, seconds: float) -> None:
-        if self.recording and seconds > self.longest.get(name, 0.0):
+    def record(self, name: str, seconds: float, wall: float = 0.0) -> None:
+        if not self.recording:
+            return
+        if seconds > self.longest.get(name, 0.0):
             self.longest[name] = seconds
+        now = self.current
+        if name.startswith("exporter"):
+            now.exporter_cpu = max(now.exporter_cpu, seconds)
+            now.exporter_wall = max(now.exporter_wall, wall)
+        elif name == PROBE:
+            now.probe_cpu = max(now.probe_cpu, seconds)
+            now.probe_wall = max(now.probe_wall, wall)
+
+    def cut(self) -> None:
+        """A poll was published: its window ends (while recording)."""
+        if self.recording:
+            self.windows.append(self.current)
+        self.current = Window()
 
     def clear(self) -> None:
         self.longest.clear()
+        self.current = Window()
 
     def exporter_longest(self) -> tuple[float, str]:
         """(seconds, coroutine) of the exporter's longest step; (0, "") when none ran."""
@@ -52,18 +86,18 @@ class _Timed(collections.abc.Coroutine):  # type: ignore[type-arg]
         self._name = f"{where}:{getattr(inner, '__qualname__', type(inner).__name__)}"
 
     def send(self, value: Any) -> Any:
-        started = time.thread_time()
+        started, wall = time.thread_time(), time.perf_counter()
         try:
             return self._inner.send(value)
         finally:
-            self._log.record(self._name, time.thread_time() - started)
+            self._log.record(self._name, time.thread_time() - started, time.perf_counter() - wall)
 
     def throw(self, *exc: Any) -> Any:
-        started = time.thread_time()
+        started, wall = time.thread_time(), time.perf_counter()
         try:
             return self._inner.throw(*exc)
         finally:
-            self._log.record(self._name, time.thread_time() - started)
+            self._log.record(self._name, time.thread_time() - started, time.perf_counter() - wall)
 
     def close(self) -> None:
         self._inner.close()
