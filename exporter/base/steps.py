@@ -23,7 +23,7 @@ Steps = Generator[None, None, T]
 #: (a table's rows, a fan-out's calls or outcomes) and exposition samples (lines of text).
 #: Read when used, so a test can change them here.
 ENGINES_PER_STEP = 32
-SAMPLES_PER_STEP = 1000
+SAMPLES_PER_STEP = 500
 
 
 def every(position: int, per_step: int = 0) -> bool:

@@ -13,9 +13,9 @@ off the poll's path) is registered as a refresher and started by ``refresh``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from exporter.protocol.activity import RequestCounts
 from exporter.protocol.elastic_ep import ElasticEpRead
@@ -73,20 +73,24 @@ class ClientCounter:
 
 #: A source: the current observations of one kind.
 Source = Callable[[], Iterable[Observation]]
+#: A source that reads only the engines asked for (None: every one): a paced poll's burst
+#: asks for its own engines, and reading every engine for each burst costs n²/burst a poll.
+ScopedSource = Callable[[Collection[str] | None], Iterable[Observation]]
 
 
 class Observations:
     """The board: sources by kind, and the refreshers started once per poll."""
 
     def __init__(self) -> None:
-        self._sources: dict[str, Source] = {}
+        self._sources: dict[str, tuple[Source | ScopedSource, bool]] = {}
         self._refreshers: list[Callable[[float], None]] = []
 
-    def add_source(self, what: str, source: Source) -> None:
-        """``source`` tells the current observations of kind ``what`` (one source per kind)."""
+    def add_source(self, what: str, source: Source | ScopedSource, *, scoped: bool = False) -> None:
+        """``source`` tells the current observations of kind ``what`` (one source per kind);
+        ``scoped``: it takes the engines asked for (``ScopedSource``)."""
         if what in self._sources:
             raise ValueError(f"a source of {what!r} is registered already")
-        self._sources[what] = source
+        self._sources[what] = (source, scoped)
 
     def add_refresher(self, refresh: Callable[[float], None]) -> None:
         """``refresh(timeout_s)`` starts a source's read once per poll (never awaited)."""
@@ -96,10 +100,19 @@ class Observations:
         """Whether this mode can observe ``what`` at all."""
         return what in self._sources
 
-    def of(self, what: str) -> tuple[Observation, ...] | None:
-        """The current observations of kind ``what``; None: this mode cannot know it."""
-        source = self._sources.get(what)
-        return None if source is None else tuple(source())
+    def of(
+        self, what: str, engines: Collection[str] | None = None
+    ) -> tuple[Observation, ...] | None:
+        """The current observations of kind ``what`` (of ``engines`` only: the observations
+        about another engine or none left out); None: this mode cannot know it."""
+        entry = self._sources.get(what)
+        if entry is None:
+            return None
+        source, scoped = entry
+        if scoped:
+            return tuple(cast("ScopedSource", source)(engines))
+        found = cast("Source", source)()
+        return tuple(found if engines is None else (o for o in found if o.engine in engines))
 
     def refresh(self, timeout_s: float) -> None:
         for refresh in self._refreshers:
@@ -141,15 +154,21 @@ def unexpected_engines(board: Observations) -> dict[str, UnexpectedEngine]:
     return {o.engine or "": o.value for o in board.of(UNEXPECTED_ENGINE) or ()}
 
 
-def work_counts(board: Observations) -> dict[str, RequestCounts]:
-    """Each rank's requests that tell its activity, by engine label ({}: none, or no source)."""
-    return {o.engine: o.value for o in board.of(WORK_COUNTS) or () if o.engine is not None}
+def work_counts(
+    board: Observations, engines: Collection[str] | None = None
+) -> dict[str, RequestCounts]:
+    """Each rank's requests that tell its activity, by engine label ({}: none, or no source),
+    of ``engines`` (None: every engine)."""
+    found = board.of(WORK_COUNTS, engines) or ()
+    return {o.engine: o.value for o in found if o.engine is not None}
 
 
-def progress_of(board: Observations) -> dict[str, RankProgress] | None:
-    """Each rank's forward progress by engine label (a rank absent: unknown); None where the
-    mode has no source of it (owner, relay)."""
-    found = board.of(PROGRESS)
+def progress_of(
+    board: Observations, engines: Collection[str] | None = None
+) -> dict[str, RankProgress] | None:
+    """Each rank's forward progress by engine label (a rank absent: unknown), of ``engines``
+    (None: every engine); None where the mode has no source of it (owner, relay)."""
+    found = board.of(PROGRESS, engines)
     if found is None:
         return None
     return {o.engine: o.value for o in found if o.engine is not None}

@@ -19,6 +19,7 @@ from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, FleetClient, Outcome
 from exporter.client.observe import progress_of, work_counts
+from exporter.fleetstate.activity import held_without_progress
 from exporter.fleetstate.invariants import (
     HAS_WORK,
     ON_DEMAND,
@@ -45,15 +46,15 @@ async def _nothing() -> list[EngineOutcome]:
 def stall_candidates(
     progress: Mapping[str, RankProgress] | None, stall_after_s: float, now_unix: float
 ) -> frozenset[str]:
-    """The ranks that would read stalled now by their progress alone (they hold requests and
-    computed no token for ``stall_after_s``): a listening poll asks them ``has_work`` itself,
-    so a rank reads stalled only on the engine's own answer (0: stalls are not looked for)."""
-    if stall_after_s <= 0 or not progress:
+    """The ranks that would read stalled now by their progress alone
+    (``held_without_progress``): a listening poll asks them ``has_work`` itself, so a rank
+    reads stalled only on the engine's own answer (0: stalls are not looked for)."""
+    if not progress:
         return frozenset()
     return frozenset(
         engine
         for engine, made in progress.items()
-        if made.held and made.stall_age_s(now_unix) >= stall_after_s
+        if held_without_progress(made, now_unix, stall_after_s)
     )
 
 
@@ -85,6 +86,8 @@ class FleetRead:
         self._client = client
         #: method → {engine: its handshake count when it said it has no such method}.
         self._unsupported: dict[str, dict[str, int]] = {}
+        #: The details a paced poll's first burst read, for its other earlier bursts.
+        self._burst_details: dict[str, EngineDetail] | None = None
 
     def unsupported_by(self, engine: str) -> frozenset[str]:
         """The read methods ``engine`` said it does not have."""
@@ -117,28 +120,45 @@ class FleetRead:
         ``has_work`` is taken from them (``observe.WORK_COUNTS``), not asked (``told``), but
         for a stall candidate (``stall_candidates``); None (the gate, an action): every engine
         is asked."""
+        try:
+            return await self._read(methods, timeout_s, progress, engines, listen)
+        except BaseException:  # a paced poll cut short: its next starts with fresh details
+            self._burst_details = None
+            raise
+
+    async def _read(
+        self,
+        methods: Collection[str],
+        timeout_s: float,
+        progress: bool,
+        engines: Collection[str] | None,
+        listen: float | None,
+    ) -> FleetReading:
         client = self._client
-        before = {d.engine: d for d in client.engine_details()}
-        self._forget_restarted(before)
+        # A paced poll's earlier burst: its reading's details are not used (the poll's are the
+        # last burst's), so the engines' details are not read again after it (256 of them,
+        # 15 times), nor before it but for the poll's first (``_details_before``).
+        early = engines is not None and not progress
+        before = self._details_before(early)
         asked = [
             inv
             for inv in (*READS, *ON_DEMAND)  # an on-demand read only when asked for by name
             if inv.method in methods and inv.method in client.capabilities.methods
         ]
-        wanted = set(before) if engines is None else set(engines) & set(before)
+        # The engines asked, in the details' order (a burst's own, not every engine walked).
+        wanted = list(before) if engines is None else [e for e in engines if e in before]
         found = progress_of(client.observations) if progress else None
-        told = self._told(asked, before, wanted, listen, found)
-        calls, skipped = self._calls(asked, before, wanted, engines is None, told, timeout_s)
+        told = self._told(asked, wanted, engines is not None, listen, found)
+        calls, skipped = self._calls(asked, wanted, engines is None, told, timeout_s)
         results: dict[str, list[EngineOutcome]] = {}
         for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
             self._remember(inv.method, outcomes, before)
             said = [EngineOutcome(e, Outcome.FAILED, error=KNOWN_UNSUPPORTED) for e in known]
             extra = list(told.values()) if inv is HAS_WORK else []
             results[inv.method] = require_type(inv, [*outcomes, *extra, *said])
-        # A paced poll's earlier burst: its reading's details are not used (the poll's are the
-        # last burst's), so the engines' details are not read again (256 of them, 15 times).
-        early = engines is not None and not progress
-        after = before if early else {d.engine: d for d in client.engine_details()}
+        if early:
+            return FleetReading(results, tuple(before), before, tuple(before), found)
+        after = {d.engine: d for d in client.engine_details()}
         return FleetReading(
             results,
             tuple(before),
@@ -147,11 +167,21 @@ class FleetRead:
             found,
         )
 
+    def _details_before(self, early: bool) -> dict[str, EngineDetail]:
+        """The engines' details before a read, read afresh, but for a paced poll's earlier
+        bursts after its first: they take the first's (a poll at 256 engines reads them three
+        times, not seventeen; a restart between bursts is seen by the last burst's reads)."""
+        if early and self._burst_details is not None:
+            return self._burst_details
+        before = {d.engine: d for d in self._client.engine_details()}
+        self._forget_restarted(before)
+        self._burst_details = before if early else None
+        return before
+
     def _calls(
         self,
         asked: Collection[Invariant],
-        before: Mapping[str, EngineDetail],
-        wanted: Collection[str],
+        wanted: list[str],
         every: bool,
         told: Mapping[str, EngineOutcome],
         timeout_s: float,
@@ -163,11 +193,11 @@ class FleetRead:
         for inv in asked:
             skip = self._unsupported.get(inv.method, {})
             own = told if inv is HAS_WORK else {}
-            skipped.append([e for e in before if e in skip and e in wanted and e not in own])
+            skipped.append([e for e in wanted if e in skip and e not in own])
             targets = (
                 None
                 if every and not skip and not own
-                else [e for e in before if e in wanted and e not in skip and e not in own]
+                else [e for e in wanted if e not in skip and e not in own]
             )
             calls.append(
                 _nothing()
@@ -179,26 +209,28 @@ class FleetRead:
     def _told(
         self,
         asked: Collection[Invariant],
-        details: Mapping[str, EngineDetail],
-        wanted: Collection[str],
+        wanted: list[str],
+        some: bool,
         listen: float | None,
         progress: Mapping[str, RankProgress] | None,
     ) -> dict[str, EngineOutcome]:
         """Engine → its ``has_work`` as its request counts tell it, for the engines of
-        ``wanted`` a listening poll need not ask (``read``)."""
+        ``wanted`` (``some``: not every engine, so only theirs are read) a listening poll need
+        not ask (``read``)."""
         if listen is None or HAS_WORK not in asked:
             return {}
-        counts = work_counts(self._client.observations)
+        scope = wanted if some else None
+        counts = work_counts(self._client.observations, scope)
         if not counts:
             return {}
         if progress is None and listen > 0:  # a paced poll's earlier burst: read it here
-            progress = progress_of(self._client.observations)
+            progress = progress_of(self._client.observations, scope)
         # A rank whose vLLM lacks has_work is told too: its counts say what it holds.
         candidates = stall_candidates(progress, listen, time.time())
         return {
             e: EngineOutcome(e, Outcome.OK, counts[e].total > 0, told=True)
-            for e in details
-            if e in counts and e in wanted and e not in candidates
+            for e in wanted
+            if e in counts and e not in candidates
         }
 
     def _remember(

@@ -48,20 +48,29 @@ class Routability:
     reasons: tuple[str, ...] = ()
 
 
+def held_without_progress(
+    progress: RankProgress | None, now_unix: float, stall_after_s: float
+) -> bool:
+    """The part of the stall rule ``progress`` alone decides (pure): its rank holds requests
+    the source counts and computed no token for ``stall_after_s``. A listening poll asks such
+    a rank ``has_work`` itself (``FleetRead``), so it reads stalled only on its own answer."""
+    if stall_after_s <= 0 or progress is None or progress.source not in STALL_SOURCES:
+        return False
+    # The requests whose tokens the source counts (several API servers: each counts its own).
+    if not progress.held:
+        return False
+    # The clock starts at the later of the last token and the moment the rank got this work.
+    return progress.stall_age_s(now_unix) >= stall_after_s
+
+
 def is_stalled(
     engine: EngineSnapshot, progress: RankProgress | None, now_unix: float, stall_after_s: float
 ) -> bool:
     """Whether ``engine`` (this poll's answers) is stalled by ``progress`` (pure)."""
-    if stall_after_s <= 0 or progress is None or progress.source not in STALL_SOURCES:
+    if not held_without_progress(progress, now_unix, stall_after_s):
         return False
-    # The requests whose tokens the source counts (several API servers: each counts its own).
-    held = progress.held
-    if held is None or held == 0 or engine.has_work is not True:
-        return False
-    if engine.state != "awake":  # hung, unknown, paused or asleep: that state wins
-        return False
-    # The clock starts at the later of the last token and the moment the rank got this work.
-    return progress.stall_age_s(now_unix) >= stall_after_s
+    # hung, unknown, paused or asleep: that state wins; and the engine says it has work.
+    return engine.has_work is True and engine.state == "awake"
 
 
 def routability(engine: EngineSnapshot) -> Routability:

@@ -59,25 +59,33 @@ def _label_writer(names: Sequence[str]) -> Callable[[Sequence[str]], str]:
 
 
 def text_steps(families: Sequence[Family]) -> Steps[bytes]:
-    """The text exposition of ``families``, in steps of about ``SAMPLES_PER_STEP`` samples
-    (``exporter.base.steps``); the families are not changed while it runs (``family_steps``
-    makes new ones)."""
+    """The text exposition of ``families``, in steps of at most about ``SAMPLES_PER_STEP``
+    samples (``exporter.base.steps``), each step's text encoded in that step (one body of
+    256 engines' series encoded at once would be one long step); the families are not changed
+    while it runs (``family_steps`` makes new ones)."""
+    written: list[bytes] = []
     out: list[str] = []
-    written = 0
+
+    def room(lines: int) -> bool:
+        """Whether ``lines`` more fit in this step; if not, the step's text is encoded."""
+        if not out or len(out) + lines <= steps.SAMPLES_PER_STEP:
+            return True
+        written.append("".join(out).encode("utf-8"))
+        out.clear()
+        return False
+
     for fam in families:
-        if len(out) - written >= steps.SAMPLES_PER_STEP:
-            written = len(out)
-            yield
         spec = fam.spec
         name = spec.name  # counters already carry _total, as generate_latest writes them
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+        if not room(1):
+            yield
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n")
         if spec.kind == "histogram":
             labels = _label_writer(fam.labels)
             bucket_labels = _label_writer((*fam.labels, "le"))
             for values, buckets, total in fam.histograms:
-                if len(out) - written >= steps.SAMPLES_PER_STEP:
-                    written = len(out)
+                if not room(len(buckets) + 2):
                     yield
                 for le, count in buckets:
                     out.append(f"{name}_bucket{bucket_labels((*values, le))} {_go(count)}\n")
@@ -88,10 +96,9 @@ def text_steps(families: Sequence[Family]) -> Steps[bytes]:
         labels = _label_writer(fam.labels)
         rows = fam.rows
         for start in range(0, len(rows), steps.SAMPLES_PER_STEP):
-            if start:
+            chunk = rows[start : start + steps.SAMPLES_PER_STEP]
+            if not room(len(chunk)):
                 yield
-            out.extend(
-                f"{name}{labels(values)} {_go(value)}\n"
-                for values, value in rows[start : start + steps.SAMPLES_PER_STEP]
-            )
-    return "".join(out).encode("utf-8")
+            out.extend(f"{name}{labels(values)} {_go(value)}\n" for values, value in chunk)
+    written.append("".join(out).encode("utf-8"))
+    return b"".join(written)

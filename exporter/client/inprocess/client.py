@@ -38,7 +38,6 @@ from exporter.base.steps import every
 from exporter.client.fleet import (
     DEFAULT_ALLOWED_METHODS,
     PYTHON_FRONT_END,
-    SHUTTING_DOWN,
     STOPPING,
     Capabilities,
     EngineDetail,
@@ -49,8 +48,9 @@ from exporter.client.fleet import (
     timed_out,
 )
 from exporter.client.inprocess.elastic_ep import ElasticEpWatch
+from exporter.client.inprocess.fanout import ENGINE_CORE_DEAD, PendingCalls
 from exporter.client.inprocess.feed import FEED, ProgressFeed
-from exporter.client.inprocess.vllm_core import VllmCore, is_engine_dead_error
+from exporter.client.inprocess.vllm_core import VllmCore
 from exporter.client.observe import (
     ELASTIC_EP_OPERATION,
     PROGRESS,
@@ -60,7 +60,6 @@ from exporter.client.observe import (
 )
 from exporter.client.pushes import BAD_FT_STATUS, PushBook
 from exporter.protocol.activity import RequestCounts
-from exporter.protocol.strings import bound_text, bound_value
 
 log = logging.getLogger("exporter.inprocess")
 
@@ -81,7 +80,6 @@ FEED_SOURCE = "vllm.stat_logger_plugins"
 COUNTS_MEMO_S = 0.01
 #: Where the request counts that tell a rank's activity come from.
 COUNTS_SOURCE = "lb_engines+engine_inflight"
-ENGINE_CORE_DEAD = "vLLM's engine-core client reports an engine dead (EngineDeadError)"
 #: The method whose answer the front end's own count of unfinished requests can contradict.
 HAS_WORK = "has_work"
 #: Why such a rank's ``has_work`` false is not read as drained (``_fail_closed``).
@@ -126,8 +124,8 @@ class InProcessFleetClient:
         self.observations = Observations()
         self.observations.add_source(ELASTIC_EP_OPERATION, self._elastic_ep_operations)
         self.observations.add_refresher(self._refresh_elastic_ep)
-        self.observations.add_source(PROGRESS, self._progress)
-        self.observations.add_source(WORK_COUNTS, self._work_counts)
+        self.observations.add_source(PROGRESS, self._progress, scoped=True)
+        self.observations.add_source(WORK_COUNTS, self._work_counts, scoped=True)
 
     # -- FleetClient -----------------------------------------------------------------------
 
@@ -198,10 +196,17 @@ class InProcessFleetClient:
             for read in self._elastic.reads()
         ]
 
-    def _progress(self) -> list[Observation]:
-        """Each managed rank's tokens as vLLM's stat loggers told this process (none while
-        vLLM built no stat logger of ours here: unknown)."""
-        ranks = [int(label) for label in self.engine_labels]
+    def _ranks(self, engines: Collection[str] | None) -> list[int]:
+        """The managed ranks among ``engines`` (None: every one), in rank order."""
+        if engines is None:
+            return [int(label) for label, _ in self.core.engines()]
+        managed = self.core.identity_of()
+        return sorted(int(label) for label in engines if label in managed)
+
+    def _progress(self, engines: Collection[str] | None) -> list[Observation]:
+        """Each managed rank's tokens (of ``engines``) as vLLM's stat loggers told this
+        process (none while vLLM built no stat logger of ours here: unknown)."""
+        ranks = self._ranks(engines)
         found = self.feed.progress(ranks, self._own_unfinished(ranks))
         if found is None:
             return []
@@ -210,12 +215,12 @@ class InProcessFleetClient:
             for rank, progress in found.items()
         ]
 
-    def _work_counts(self) -> list[Observation]:
-        """Each rank's requests where they tell its activity: the coordinator's live table
-        raised to the front end's own count, or the own count alone above 0
-        (``VllmCore.request_counts``); a rank whose own count cannot be read is left out (the
-        table alone misses what a keep-mode pause holds: ``has_work`` is asked)."""
-        ranks = [int(label) for label in self.engine_labels]
+    def _work_counts(self, engines: Collection[str] | None) -> list[Observation]:
+        """Each rank's requests (of ``engines``) where they tell its activity: the
+        coordinator's live table raised to the front end's own count, or the own count alone
+        above 0 (``VllmCore.request_counts``); a rank whose own count cannot be read is left
+        out (the table alone misses what a keep-mode pause holds: ``has_work`` is asked)."""
+        ranks = self._ranks(engines)
         own = self._own_unfinished(ranks)
         now = time.time()
         return [
@@ -229,7 +234,11 @@ class InProcessFleetClient:
         ranks and never across a fan-out (``call_utility`` clears it): the details before a
         burst and what the counts tell share one read (at 256 engines, 16 reads of 256 ranks
         a poll fewer)."""
-        return self._memo.get("counts", tuple(ranks), lambda: self.core.request_counts(ranks))
+        return self._memo.get(
+            "counts",
+            tuple(ranks),
+            lambda: self.core.request_counts(ranks, self._own_unfinished(ranks)),
+        )
 
     def _own_unfinished(self, ranks: list[int]) -> dict[int, int | None] | None:
         """``VllmCore.own_unfinished``, as ``_request_counts`` is read (the gate's
@@ -277,23 +286,18 @@ class InProcessFleetClient:
         engines: Collection[str] | None = None,
     ) -> list[EngineOutcome]:
         check_allowed(method, self._allowed)
-        targets = self.core.engines()
-        if engines is not None:
-            wanted = set(engines)
-            targets = [t for t in targets if t[0] in wanted]
+        if engines is None:
+            targets = self.core.engines()
+        else:  # a burst: its engines looked up, in rank order (not every engine walked)
+            managed = self.core.identity_of()
+            labels = sorted({e for e in engines if e in managed}, key=int)
+            targets = [(label, managed[label]) for label in labels]
         if self.core.dead() or self._closed:
             error = ENGINE_CORE_DEAD if not self._closed else STOPPING
             return [EngineOutcome(label, Outcome.DISCONNECTED, error=error) for label, _ in targets]
-        started = time.perf_counter()
+        pending = PendingCalls()
         results: dict[str, EngineOutcome] = {}
         calls: dict[asyncio.Task[Any], str] = {}
-        #: When each call resolved: an engine's duration is its own round trip, not the
-        #: fan-out's (which a hung engine stretches to the timeout).
-        finished: dict[asyncio.Task[Any], float] = {}
-
-        def finish(task: asyncio.Task[Any]) -> None:
-            finished[task] = time.perf_counter()
-
         for position, (label, identity) in enumerate(targets, 1):
             if every(position):  # a fan-out to 256 engines is eight short stretches
                 await asyncio.sleep(0)  # vLLM's loop serves its streams between the chunks
@@ -309,17 +313,14 @@ class InProcessFleetClient:
                     duration_s=0.0,
                 )
                 continue
-            task = self._send(label, identity, method, args)
-            task.add_done_callback(finish)
-            calls[task] = label
+            calls[self._send(label, identity, method, args, pending)] = label
         if calls:
-            done, _ = await asyncio.wait(calls, timeout=timeout_s)
-            now = time.perf_counter()
+            await pending.wait(timeout_s)
             for position, (task, label) in enumerate(calls.items(), 1):
                 if every(position):
                     await asyncio.sleep(0)
-                if task in done:
-                    results[label] = self._outcome(label, task, finished.get(task, now) - started)
+                if task.done():
+                    results[label] = pending.outcome(label, task, self._closed)
                 else:  # left running: vLLM's future is removed only by the reply
                     results[label] = timed_out(label, timeout_s)
         outcomes = self._settled(method, [results[label] for label, _ in targets])
@@ -365,45 +366,20 @@ class InProcessFleetClient:
         except (Exception, asyncio.TimeoutError) as exc:  # the engines' state is right anyway
             log.warning("vLLM's front-end bookkeeping after %s failed: %s", method, exc)
 
-    # -- outcomes --------------------------------------------------------------------------
-
-    def _outcome(self, label: str, task: asyncio.Task[Any], elapsed: float) -> EngineOutcome:
-        if task.cancelled():
-            if self._closed:
-                return stopping(label)
-            return EngineOutcome(label, Outcome.DISCONNECTED, error="call cancelled")
-        exc = task.exception()
-        if exc is None:
-            return EngineOutcome(label, Outcome.OK, bound_value(task.result()), duration_s=elapsed)
-        if is_engine_dead_error(exc):
-            return EngineOutcome(label, Outcome.DISCONNECTED, error=ENGINE_CORE_DEAD)
-        if type(exc) is Exception:  # vLLM's wrapper of the engine's failure message
-            message = str(exc)
-            return EngineOutcome(
-                label,
-                Outcome.FAILED,
-                error=bound_text(message),
-                shutting_down=message == SHUTTING_DOWN,
-                duration_s=elapsed,
-            )
-        # A send that failed (a closed socket, vLLM shutting down): no engine answered.
-        return EngineOutcome(
-            label,
-            Outcome.DISCONNECTED,
-            error=bound_text(f"{type(exc).__name__}: {exc}"),
-        )
-
     def _send(
-        self, label: str, identity: bytes, method: str, args: tuple[Any, ...]
+        self, label: str, identity: bytes, method: str, args: tuple[Any, ...], pending: PendingCalls
     ) -> asyncio.Task[Any]:
-        """One call, counted in flight until vLLM's client resolves it (reply or death)."""
+        """One call of ``pending``, counted in flight until vLLM's client resolves it (reply
+        or death)."""
         self._in_flight[label] = self._in_flight.get(label, 0) + 1
         task = asyncio.ensure_future(self.core.call(method, args, identity))
         # Tracked from the start, so close() also cancels the calls of a fan-out still
         # waiting, or of one whose caller was cancelled (the poller's task at stop).
         self._outstanding.add(task)
+        pending.expect()
 
         def resolved(done: asyncio.Task[Any]) -> None:
+            pending.resolved(done)
             self._outstanding.discard(done)
             self._in_flight[label] = max(0, self._in_flight.get(label, 1) - 1)
             if not done.cancelled():

@@ -116,9 +116,13 @@ class VllmCore:
     #: EP (``elastic_ep_status``). None: not in this process (never scaling here).
     scaling_flag: Callable[[], Any] | None = field(default=None, repr=False)
 
-    #: The last ``core_engines`` seen and the engines made of it (``engines``).
-    _engines_of: tuple[tuple[Any, ...], list[tuple[str, bytes]]] = field(
-        default=((), []), init=False, repr=False
+    #: The last ``core_engines`` seen and what was made of it (``engines``, ``_fleet``).
+    _fleet_of: _Fleet = field(
+        default_factory=lambda: _Fleet((), [], {}, {}), init=False, repr=False
+    )
+    #: The last ``engine_ranks_managed`` seen, and each rank's position in it.
+    _managed_of: tuple[tuple[Any, ...], dict[int, int]] = field(
+        default=((), {}), init=False, repr=False
     )
     #: DP rank → (vLLM's config object, what it was read as) (``kv_event_sources``).
     _kv_read: dict[int, tuple[Any, KvEventsSource | None]] = field(
@@ -136,12 +140,21 @@ class VllmCore:
         """(label, identity) of every engine this client manages, in rank order: read afresh
         on every call (elastic EP changes the list), built again only when it changed (a
         poll at 256 engines asks it once per fan-out; on vLLM's loop)."""
+        return self._fleet().engines
+
+    def identity_of(self) -> dict[str, bytes]:
+        """Engine label → its identity (as ``engines``; do not modify)."""
+        return self._fleet().identity_of
+
+    def _fleet(self) -> _Fleet:
+        """What ``core_engines`` is now (compared whole in C, rebuilt only when it changed)."""
         identities = tuple(self.core.core_engines)
-        seen, engines = self._engines_of
-        if identities != seen:
+        fleet = self._fleet_of
+        if identities != fleet.identities:
             engines = sorted(((str(rank_of(i)), bytes(i)) for i in identities), key=_rank_key)
-            self._engines_of = (identities, engines)
-        return engines
+            positions = {rank_of(i): (position, i) for position, i in enumerate(identities)}
+            fleet = self._fleet_of = _Fleet(identities, engines, dict(engines), positions)
+        return fleet
 
     def dead(self) -> bool:
         return bool(self.core.resources.engine_dead)
@@ -211,15 +224,18 @@ class VllmCore:
                 found[rank] = read_rank_status(entry, rank)
         return found
 
-    def request_counts(self, ranks: Sequence[int]) -> dict[int, RequestCounts]:
+    def request_counts(
+        self, ranks: Sequence[int], own_counts: Mapping[int, int | None] | None = None
+    ) -> dict[int, RequestCounts]:
         """Rank → its running and waiting requests, for ``ranks`` only: the coordinator's
         counts from the front end's load-balancing table (``lb_engines``) where it is live and
         the rank's entry reads, each raised to the front end's own unfinished requests on that
-        rank (``own_unfinished``); where the table is dead, missing, not a list or the entry
-        unreadable, the own count alone when above 0 (a floor: vLLM's router keeps scoring by
-        it). A rank with neither is left out: unknown, never idle."""
+        rank (``own_unfinished``; ``own_counts``: as the caller read it just now); where the
+        table is dead, missing, not a list or the entry unreadable, the own count alone when
+        above 0 (a floor: vLLM's router keeps scoring by it). A rank with neither is left out:
+        unknown, never idle."""
         table = self._coordinator_counts(ranks)
-        held = self.own_unfinished(ranks) or {}
+        held = (self.own_unfinished(ranks) if own_counts is None else own_counts) or {}
         found = {}
         for rank in ranks:
             counts, own = table.get(rank), held.get(rank)
@@ -243,10 +259,15 @@ class VllmCore:
             managed = getattr(core, "engine_ranks_managed", None)
             if not isinstance(table, list) or not isinstance(managed, list):
                 return {}
-            wanted = set(ranks)
+            order = tuple(managed)
+            seen, position_of = self._managed_of
+            if order != seen:  # compared in C: rebuilt only when vLLM's list changed
+                position_of = {r: p for p, r in enumerate(order) if type(r) is int}
+                self._managed_of = (order, position_of)
             found = {}
-            for position, rank in enumerate(managed[: len(table)]):
-                if type(rank) is int and rank in wanted:
+            for rank in ranks:  # the ranks asked for only (a paced poll's burst)
+                position = position_of.get(rank)
+                if position is not None and position < len(table):
                     counts = read_lb_entry(table[position])
                     if counts is not None:
                         found[rank] = counts
@@ -267,24 +288,27 @@ class VllmCore:
         inflight = getattr(self.core, "engine_inflight", None)
         if inflight is None:
             return None
-        wanted = set(ranks)
         held: dict[int, int | None] = {}
         try:
-            identities = list(self.core.core_engines)
+            fleet = self._fleet()
         except Exception:  # engines() fails the same way: nothing to say of any rank
             return dict.fromkeys(ranks)
         by_position = isinstance(inflight, (list, tuple))
-        for position, identity in enumerate(identities):
+        try:
+            whole = by_position and len(inflight) == len(fleet.identities)
+        except Exception:  # a list of another kind: no rank's count is known
+            whole = by_position = False
+        by_identity = not by_position and isinstance(inflight, Mapping)
+        for rank in ranks:  # the ranks asked for only (a paced poll's burst)
+            place = fleet.position_of.get(rank)
+            if place is None:
+                continue
+            held[rank] = None
             try:
-                rank = rank_of(identity)
-                if rank not in wanted:
-                    continue
-                held[rank] = None
-                if by_position:
-                    if len(inflight) == len(identities):
-                        held[rank] = read_count(inflight[position])
-                elif isinstance(inflight, Mapping):
-                    held[rank] = read_count(inflight.get(identity, 0))
+                if whole:
+                    held[rank] = read_count(inflight[place[0]])
+                elif by_identity:
+                    held[rank] = read_count(inflight.get(place[1], 0))
             except Exception:  # a look-up that raises: that rank's count is not known
                 continue
         return held
@@ -337,6 +361,18 @@ def _kv_source(rank: int, config: Any) -> KvEventsSource | None:
     except ProtocolError as exc:
         log.debug("engine %d kv_events_config: %s", rank, exc)
         return None
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    """One ``core_engines`` list and what the reads make of it."""
+
+    identities: tuple[Any, ...]
+    #: (label, identity) in rank order.
+    engines: list[tuple[str, bytes]]
+    identity_of: dict[str, bytes]
+    #: Rank → its position in ``core_engines`` and its identity as vLLM keeps it.
+    position_of: dict[int, tuple[int, Any]]
 
 
 def _rank_key(entry: tuple[str, bytes]) -> int:

@@ -11,7 +11,8 @@ import pytest
 
 from bench.sim_vllm import EngineDeadError
 from exporter.client.fleet import READ_METHODS, STOPPING, EngineOutcome, Outcome, connected_count
-from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT
+from exporter.client.inprocess.client import MAX_IN_FLIGHT
+from exporter.client.inprocess.fanout import ENGINE_CORE_DEAD
 from exporter.error import MethodNotAllowed
 from exporter.sim.options import SimOptions, SimReply
 from tests.harness.inprocess import SimVllm, SimVllmFactory

@@ -9,15 +9,20 @@ import pytest
 from exporter.client.observe import (
     CLIENT_COUNT,
     ELASTIC_EP_OPERATION,
+    PROGRESS,
     UNEXPECTED_ENGINE,
+    WORK_COUNTS,
     Observation,
     Observations,
     UnexpectedEngine,
     client_counts,
     counters_of,
     elastic_ep_reads,
+    progress_of,
     unexpected_engines,
+    work_counts,
 )
+from exporter.protocol.activity import RequestCounts
 from exporter.protocol.elastic_ep import ElasticEpRead
 
 
@@ -79,3 +84,29 @@ def test_a_counter_family_without_samples_is_kept() -> None:
     board = Observations()
     board.add_source(CLIENT_COUNT, lambda: client_counts({"relay_total": {}}, "transport"))
     assert counters_of(board) == {"relay_total": {}}
+
+
+def test_a_scoped_source_reads_only_the_engines_asked_for() -> None:
+    """A paced poll's burst asks for its own engines: a scoped source is handed them (and
+    reads only them), an unscoped source's other engines are left out; None: every engine."""
+    board = Observations()
+    asked: list[object] = []
+
+    def counts(engines: object) -> list[Observation]:
+        asked.append(engines)
+        wanted = ["0", "1", "2"] if engines is None else sorted(engines)  # type: ignore[call-overload]
+        return [Observation(e, WORK_COUNTS, RequestCounts(int(e), 0), 1.0, "t") for e in wanted]
+
+    board.add_source(WORK_COUNTS, counts, scoped=True)
+    board.add_source(
+        PROGRESS,
+        lambda: (
+            [Observation(e, PROGRESS, None, 1.0, "t") for e in ("0", "1", "2")]
+            + [Observation(None, PROGRESS, None, 1.0, "t")]
+        ),
+    )
+    assert work_counts(board, ["2"]) == {"2": RequestCounts(2, 0)}
+    assert list(work_counts(board)) == ["0", "1", "2"]
+    assert asked == [["2"], None]
+    assert list(progress_of(board, {"1", "9"}) or {}) == ["1"]
+    assert list(progress_of(board) or {}) == ["0", "1", "2"]

@@ -3,15 +3,19 @@ and its memory of what each engine said it does not have (over the in-memory ``F
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 
-from exporter.client.fake import answers
-from exporter.client.fleet import Outcome
+from exporter.client.fake import FakeFleet, answers
+from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
 from exporter.client.observe import PROGRESS, Observation, Observations
-from exporter.control.fleetread import KNOWN_UNSUPPORTED, FleetRead
+from exporter.control.fleetread import ALL_METHODS, KNOWN_UNSUPPORTED, FleetRead
 from exporter.fleetstate.invariants import is_unsupported
 from exporter.protocol.pushes import FaultStatus
-from tests.harness.fakefleets import ReportingFleet, awake
+from tests.harness.fakefleets import HeldFleet, ReportingFleet, awake
 
 ENGINES = ("0", "1")
 VERSION = "get_weight_version"
@@ -129,3 +133,56 @@ async def test_progress_is_read_only_when_asked_for(monkeypatch: pytest.MonkeyPa
     assert asked == []
     assert (await FleetRead(fleet).read({"is_sleeping"}, 1.0, progress=True)).progress == {}
     assert asked == ["read"]
+
+
+@dataclass
+class CountedDetails(HeldFleet):
+    """A fleet that counts its details reads (its calls answer at once unless ``hold``)."""
+
+    details_read: int = 0
+    hold: bool = False
+
+    def engine_details(self) -> list[EngineDetail]:
+        self.details_read += 1
+        return super().engine_details()
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> list[EngineOutcome]:
+        if not self.hold:
+            return await FakeFleet.call_utility(self, method, *args, **kwargs)
+        return await super().call_utility(method, *args, **kwargs)
+
+
+FOUR = ("0", "1", "2", "3")
+
+
+async def test_a_paced_polls_later_bursts_take_its_first_bursts_details() -> None:
+    """Details are read before the first burst, then before and after the last: not before
+    every burst (256 engines' details 17 times a poll). Any other read reads them afresh, and
+    so does the burst after it."""
+    fleet = CountedDetails(answers(awake(FOUR)), engines=FOUR)
+    read = FleetRead(fleet)
+    await read.read(ALL_METHODS, 1.0, engines=("0",))
+    await read.read(ALL_METHODS, 1.0, engines=("1",))
+    assert fleet.details_read == 1
+    assert {e for e, _, _ in fleet.calls} == {"0", "1"}  # each burst asked its own engines
+    last = await read.read(ALL_METHODS, 1.0, engines=("2", "3"), progress=True)
+    assert fleet.details_read == 3 and set(last.details) == set(FOUR)
+    await read.read(ALL_METHODS, 1.0, engines=("0",))  # the next poll's first burst
+    assert fleet.details_read == 4
+    await read.read({VERSION}, 1.0)  # a gate's read between bursts: before and after it
+    assert fleet.details_read == 6
+    await read.read(ALL_METHODS, 1.0, engines=("1",))  # and the burst after it: afresh
+    assert fleet.details_read == 7
+
+
+async def test_a_burst_cut_short_leaves_no_details_to_the_next_poll() -> None:
+    fleet = CountedDetails(answers(awake(FOUR)), engines=FOUR, hold=True)
+    read = FleetRead(fleet)
+    burst = asyncio.ensure_future(read.read(ALL_METHODS, 1.0, engines=("0",)))
+    await asyncio.wait_for(fleet.entered.wait(), 5)
+    burst.cancel()  # the poller stopped mid-poll
+    with pytest.raises(asyncio.CancelledError):
+        await burst
+    fleet.hold = False
+    await read.read(ALL_METHODS, 1.0, engines=("1",))
+    assert fleet.details_read == 2

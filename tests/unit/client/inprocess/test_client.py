@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome, connected_count
-from exporter.client.inprocess.client import ENGINE_CORE_DEAD, MAX_IN_FLIGHT, InProcessFleetClient
+from exporter.client.inprocess.client import MAX_IN_FLIGHT, InProcessFleetClient
+from exporter.client.inprocess.fanout import ENGINE_CORE_DEAD
 from exporter.client.inprocess.vllm_core import (
     REQUIRED_NAMES,
     VllmCore,

@@ -220,3 +220,46 @@ async def test_a_front_end_without_an_own_count_leaves_vllms_answer(absent: str)
     outcomes = await client.call_utility("has_work", timeout_s=TIMEOUT)
     assert [(o.outcome, o.value) for o in outcomes] == [(Outcome.OK, False)] * 3
     assert VllmCore(core).request_counts([0, 1, 2]) == {r: RequestCounts(0, 0) for r in range(3)}
+
+
+class Watched(list[Any]):
+    """A table that records which positions were read."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.read: list[int] = []
+
+    def __getitem__(self, index: Any) -> Any:
+        self.read.append(index)
+        return super().__getitem__(index)
+
+
+class WatchedCounter(Counter[bytes]):
+    def __init__(self, counts: dict[bytes, int]) -> None:
+        super().__init__(counts)
+        self.asked: list[bytes] = []
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.asked.append(key)
+        return super().get(key, default)
+
+
+def test_the_counts_of_some_ranks_read_only_their_entries() -> None:
+    """A paced poll's burst asks for its own ranks: only their entries of vLLM's tables are
+    read (positions found once per list of engines, not every entry walked each time), in
+    whatever order vLLM lists its engines."""
+    core = StubCore()
+    core.core_engines = [IDS[2], IDS[0], IDS[1]]
+    core.engine_ranks_managed = [2, 0, 1]
+    core.lb_engines = Watched([[1, 5, 0.0], [0, 0, 0.0], [0, 3, 0.0]])
+    core.engine_inflight = WatchedCounter({IDS[1]: 4, IDS[2]: 1})
+    vllm = VllmCore(core)
+    assert vllm.request_counts([1]) == {1: RequestCounts(4, 0)}  # raised to its own 4
+    assert core.lb_engines.read == [2] and core.engine_inflight.asked == [IDS[1]]
+    assert vllm.request_counts([2, 0]) == {2: RequestCounts(5, 1), 0: RequestCounts(0, 0)}
+    assert core.lb_engines.read == [2, 0, 1]
+    assert vllm.own_unfinished([0]) == {0: 0}
+    # vLLM's engines change (elastic EP): the positions are found again.
+    core.core_engines = [IDS[0], IDS[1]]
+    core.engine_inflight = [7, 0]
+    assert vllm.own_unfinished([0, 2]) == {0: 7}
