@@ -112,7 +112,10 @@ class Observations:
         if scoped:
             return tuple(cast("ScopedSource", source)(engines))
         found = cast("Source", source)()
-        return tuple(found if engines is None else (o for o in found if o.engine in engines))
+        if engines is None:
+            return tuple(found)
+        wanted = set(engines)
+        return tuple(o for o in found if o.engine in wanted)
 
     def refresh(self, timeout_s: float) -> None:
         for refresh in self._refreshers:

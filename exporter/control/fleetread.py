@@ -148,7 +148,7 @@ class FleetRead:
         # The engines asked, in the details' order (a burst's own, not every engine walked).
         wanted = list(before) if engines is None else [e for e in engines if e in before]
         found = progress_of(client.observations) if progress else None
-        told = self._told(asked, wanted, engines is not None, listen, found)
+        told = self._told(asked, wanted, None if engines is None else wanted, listen, found)
         calls, skipped = self._calls(asked, wanted, engines is None, told, timeout_s)
         results: dict[str, list[EngineOutcome]] = {}
         for inv, outcomes, known in zip(asked, await asyncio.gather(*calls), skipped, strict=True):
@@ -210,16 +210,15 @@ class FleetRead:
         self,
         asked: Collection[Invariant],
         wanted: list[str],
-        some: bool,
+        scope: Collection[str] | None,
         listen: float | None,
         progress: Mapping[str, RankProgress] | None,
     ) -> dict[str, EngineOutcome]:
         """Engine → its ``has_work`` as its request counts tell it, for the engines of
-        ``wanted`` (``some``: not every engine, so only theirs are read) a listening poll need
-        not ask (``read``)."""
+        ``wanted`` a listening poll need not ask (``read``); the counts read are ``scope``'s
+        (None: every engine's)."""
         if listen is None or HAS_WORK not in asked:
             return {}
-        scope = wanted if some else None
         counts = work_counts(self._client.observations, scope)
         if not counts:
             return {}

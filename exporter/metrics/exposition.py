@@ -66,26 +66,26 @@ def text_steps(families: Sequence[Family]) -> Steps[bytes]:
     written: list[bytes] = []
     out: list[str] = []
 
-    def room(lines: int) -> bool:
-        """Whether ``lines`` more fit in this step; if not, the step's text is encoded."""
+    def full(lines: int) -> bool:
+        """Whether ``lines`` more would overfill this step; then its text is encoded."""
         if not out or len(out) + lines <= steps.SAMPLES_PER_STEP:
-            return True
+            return False
         written.append("".join(out).encode("utf-8"))
         out.clear()
-        return False
+        return True
 
     for fam in families:
         spec = fam.spec
         name = spec.name  # counters already carry _total, as generate_latest writes them
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
-        if not room(1):
+        if full(1):
             yield
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n")
         if spec.kind == "histogram":
             labels = _label_writer(fam.labels)
             bucket_labels = _label_writer((*fam.labels, "le"))
             for values, buckets, total in fam.histograms:
-                if not room(len(buckets) + 2):
+                if full(len(buckets) + 2):
                     yield
                 for le, count in buckets:
                     out.append(f"{name}_bucket{bucket_labels((*values, le))} {_go(count)}\n")
@@ -95,10 +95,14 @@ def text_steps(families: Sequence[Family]) -> Steps[bytes]:
             continue
         labels = _label_writer(fam.labels)
         rows = fam.rows
-        for start in range(0, len(rows), steps.SAMPLES_PER_STEP):
-            chunk = rows[start : start + steps.SAMPLES_PER_STEP]
-            if not room(len(chunk)):
+        start = 0
+        while start < len(rows):  # the rows fill what this step has left, then the next
+            if full(1):
                 yield
-            out.extend(f"{name}{labels(values)} {_go(value)}\n" for values, value in chunk)
+            end = start + steps.SAMPLES_PER_STEP - len(out)
+            out.extend(
+                f"{name}{labels(values)} {_go(value)}\n" for values, value in rows[start:end]
+            )
+            start = end
     written.append("".join(out).encode("utf-8"))
     return b"".join(written)

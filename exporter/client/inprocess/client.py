@@ -196,12 +196,18 @@ class InProcessFleetClient:
             for read in self._elastic.reads()
         ]
 
+    def _targets(self, engines: Collection[str] | None) -> list[tuple[str, bytes]]:
+        """(label, identity) of the managed engines among ``engines`` (None: every one), in
+        rank order: a burst's engines looked up, not every engine walked."""
+        if engines is None:
+            return self.core.engines()
+        managed = self.core.identity_of()
+        labels = sorted({e for e in engines if e in managed}, key=int)
+        return [(label, managed[label]) for label in labels]
+
     def _ranks(self, engines: Collection[str] | None) -> list[int]:
         """The managed ranks among ``engines`` (None: every one), in rank order."""
-        if engines is None:
-            return [int(label) for label, _ in self.core.engines()]
-        managed = self.core.identity_of()
-        return sorted(int(label) for label in engines if label in managed)
+        return [int(label) for label, _ in self._targets(engines)]
 
     def _progress(self, engines: Collection[str] | None) -> list[Observation]:
         """Each managed rank's tokens (of ``engines``) as vLLM's stat loggers told this
@@ -286,12 +292,7 @@ class InProcessFleetClient:
         engines: Collection[str] | None = None,
     ) -> list[EngineOutcome]:
         check_allowed(method, self._allowed)
-        if engines is None:
-            targets = self.core.engines()
-        else:  # a burst: its engines looked up, in rank order (not every engine walked)
-            managed = self.core.identity_of()
-            labels = sorted({e for e in engines if e in managed}, key=int)
-            targets = [(label, managed[label]) for label in labels]
+        targets = self._targets(engines)
         if self.core.dead() or self._closed:
             error = ENGINE_CORE_DEAD if not self._closed else STOPPING
             return [EngineOutcome(label, Outcome.DISCONNECTED, error=error) for label, _ in targets]
