@@ -160,7 +160,9 @@ async def measure(size: int, args: argparse.Namespace, log_dir: Path) -> dict[st
             # oldest generation's collections then skip it. The same here.
             gc.collect()
             gc.freeze()
-            client_cpu_s = await client_cpu_per_call(llm, engines_per_burst=args.engines_per_burst)
+            client_cpu_s = await client_cpu_per_call(
+                llm, engines_per_burst=args.engines_per_burst, interval_s=args.poll_interval
+            )
             windows: list[Window] = []
             without: list[Phase] = []
             with_plugin: list[Phase] = []

@@ -145,8 +145,9 @@ def _method() -> list[str]:
         "includes vLLM's own client's work for those calls (encoding each call, one socket "
         "write, one task per concurrent call, its output reader resolving the future, the ZMQ "
         "I/O thread), which vLLM's client does in the real process: that share is measured "
-        "alone in the same run (`bench/wire_floor.py`: the same calls, a burst at a time, with "
-        "the exporter stopped) and shown apart. Calls per engine per interval are counted by "
+        "alone in the same run (`bench/wire_floor.py`: the same calls, a burst at a time at "
+        "the offsets a paced poll sends them, with the exporter stopped, the same interval "
+        "without calls taken off) and shown apart. Calls per engine per interval are counted by "
         "the exporter's own call counter over the phases.",
         "",
         "A step is one uninterrupted run of one task on the loop (`bench/steps.py`), timed "

@@ -17,6 +17,7 @@ from exporter.client.fleet import (
     EngineDetail,
     EngineOutcome,
     FleetClient,
+    Outcome,
 )
 from exporter.client.observe import Observations
 from exporter.fleetstate.invariants import BY_METHOD, is_unsupported, require_type
@@ -27,8 +28,10 @@ def countable(method: str, outcomes: list[EngineOutcome]) -> list[EngineOutcome]
     """The outcomes as counted: an answer "no such method" is not a call outcome (the engine
     is *unsupported* for it, docs/rl.md), and a polled invariant's answer of the wrong type is
     a failed call, as the poller and the gate read it."""
-    kept = [o for o in outcomes if not is_unsupported(o)]
     invariant = BY_METHOD.get(method)
+    if all(o.outcome is Outcome.OK for o in outcomes):  # the common case: one pass, no copy
+        return outcomes if invariant is None else require_type(invariant, outcomes)
+    kept = [o for o in outcomes if not is_unsupported(o)]
     return require_type(invariant, kept) if invariant is not None else kept
 
 

@@ -43,6 +43,23 @@ async def _nothing() -> list[EngineOutcome]:
     return []
 
 
+async def _turns_later(
+    turns: int,
+    method: str,
+    client: FleetClient,
+    timeout_s: float,
+    engines: Collection[str] | None,
+) -> list[EngineOutcome]:
+    """``method`` asked of ``engines`` once the loop turned ``turns`` times: a paced poll's
+    burst sends its methods a turn apart (in-process mode sends on vLLM's loop: three methods
+    to a burst's engines are three short stretches, not one), each under the call timeout. A
+    read of every engine sends them in the same turn: HTTP mode's plugin target answers the
+    methods asked together with one request (``calls_per_engine``), and it is never paced."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    return await client.call_utility(method, timeout_s=timeout_s, engines=engines)
+
+
 def stall_candidates(
     progress: Mapping[str, RankProgress] | None, stall_after_s: float, now_unix: float
 ) -> frozenset[str]:
@@ -139,7 +156,7 @@ class FleetRead:
         # last burst's), so the engines' details are not read again after it (256 of them,
         # 15 times), nor before it but for the poll's first (``_details_before``).
         early = engines is not None and not progress
-        before = self._details_before(early)
+        before = self._details_before(engines is not None)
         asked = [
             inv
             for inv in (*READS, *ON_DEMAND)  # an on-demand read only when asked for by name
@@ -158,6 +175,10 @@ class FleetRead:
             results[inv.method] = require_type(inv, [*outcomes, *extra, *said])
         if early:
             return FleetReading(results, tuple(before), before, tuple(before), found)
+        # The details afresh in a turn of their own (in-process: 256 engines' details are
+        # read on vLLM's loop, the outcomes above were checked in this one).
+        await asyncio.sleep(0)
+        self._burst_details = None  # the next paced poll's first burst reads them afresh
         after = {d.engine: d for d in client.engine_details()}
         return FleetReading(
             results,
@@ -167,15 +188,16 @@ class FleetRead:
             found,
         )
 
-    def _details_before(self, early: bool) -> dict[str, EngineDetail]:
-        """The engines' details before a read, read afresh, but for a paced poll's earlier
-        bursts after its first: they take the first's (a poll at 256 engines reads them three
-        times, not seventeen; a restart between bursts is seen by the last burst's reads)."""
-        if early and self._burst_details is not None:
+    def _details_before(self, burst: bool) -> dict[str, EngineDetail]:
+        """The engines' details before a read, read afresh, but for a paced poll's bursts
+        after its first: they take the first's (a poll at 256 engines reads them twice, before
+        its first burst and after its last, not seventeen times; a restart between bursts is
+        seen by the read after the last, and its methods asked again from the next poll)."""
+        if burst and self._burst_details is not None:
             return self._burst_details
         before = {d.engine: d for d in self._client.engine_details()}
         self._forget_restarted(before)
-        self._burst_details = before if early else None
+        self._burst_details = before if burst else None
         return before
 
     def _calls(
@@ -202,7 +224,9 @@ class FleetRead:
             calls.append(
                 _nothing()
                 if targets == []  # every engine told: nothing to send
-                else self._client.call_utility(inv.method, timeout_s=timeout_s, engines=targets)
+                else _turns_later(
+                    0 if every else len(calls), inv.method, self._client, timeout_s, targets
+                )
             )
         return calls, skipped
 
@@ -236,7 +260,7 @@ class FleetRead:
         self, method: str, outcomes: list[EngineOutcome], details: Mapping[str, EngineDetail]
     ) -> None:
         for o in outcomes:
-            if is_unsupported(o) and o.engine in details:
+            if o.outcome is Outcome.FAILED and is_unsupported(o) and o.engine in details:
                 self._unsupported.setdefault(method, {})[o.engine] = details[o.engine].handshakes
                 log.info("engine %s does not support %s: not asked again", o.engine, method)
 

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from exporter.client.fleet import EngineOutcome
 from exporter.control.build import CONSENSUS_METHODS
@@ -29,8 +30,10 @@ from exporter.control.sources import ReadingSource
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
 from exporter.fleetstate.invariants import is_unsupported
 
+T = TypeVar("T")
 
-def bursts(engines: Sequence[str], engines_per_burst: int) -> list[tuple[str, ...]]:
+
+def bursts(engines: Sequence[T], engines_per_burst: int) -> list[tuple[T, ...]]:
     """``engines`` in bursts of at most ``engines_per_burst``, of nearly equal size, in order
     (0: one burst of every engine)."""
     count = len(engines)
@@ -84,12 +87,16 @@ async def paced_read(
         for method, outcomes in last.outcomes.items():
             merged.setdefault(method, []).extend(outcomes)
     assert last is not None, "a paced poll has at least one burst"
+    # The merge below reads every engine's outcomes: in turns of their own (in-process mode
+    # shares vLLM's loop), not in the last burst's.
+    await asyncio.sleep(0)
     for method in sorted(CONSENSUS_METHODS & merged.keys()):
         answered = [o for o in merged[method] if not is_unsupported(o)]
         if aggregate_consensus(method, answered).state is FleetState.INCONSISTENT:
             again = await source.read((method,), timeout_s)
             counts.confirmations += 1
             merged[method] = list(again.outcomes.get(method, merged[method]))
+    await asyncio.sleep(0)
     order = {engine: i for i, engine in enumerate(last.details)}
     for outcomes in merged.values():
         outcomes.sort(key=lambda o: order.get(o.engine, len(order)))

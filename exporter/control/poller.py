@@ -191,14 +191,15 @@ class Poller:
         groups = bursts(self._client.engine_labels, per_burst)
         self._spread_s = self.interval_s * (len(groups) - 1) / len(groups)
         reading = await self._read(groups)
-        results = {
-            method: [o for o in outcomes if not is_unsupported(o)]
-            for method, outcomes in reading.outcomes.items()
-        }
         duration = time.perf_counter() - started
         if len(groups) > 1:  # the time its bursts took, not the waits between them
             duration = max(0.0, duration - self.pace.last_wait_s)
         # Each step below is its own turn of the event loop: in-process mode shares vLLM's.
+        await asyncio.sleep(0)
+        results = {
+            method: [o for o in outcomes if not is_unsupported(o)]
+            for method, outcomes in reading.outcomes.items()
+        }
         await asyncio.sleep(0)
         self._forget_gone(reading.known_after)  # the fan-out may have learnt other engines
         now = self._wall()

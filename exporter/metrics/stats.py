@@ -12,6 +12,7 @@ several API servers), where vLLM's own multiprocess collector would render them 
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,6 +30,10 @@ from exporter.metrics.catalog import (
 )
 
 _float_to_go = cast(Callable[[float], str], floatToGoString)
+#: Each outcome's label value (a dict look-up: the enum's ``value`` is a descriptor call).
+_LABEL = {outcome: outcome.value for outcome in Outcome}
+#: The outcomes whose duration is a round trip (an answer came).
+_ROUND_TRIPS = frozenset({Outcome.OK, Outcome.FAILED})
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESET_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -48,11 +53,8 @@ class _Child:
 
     def observe(self, value: float) -> None:
         self.total += value
-        for i, bound in enumerate(self._bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
+        # The first bucket whose bound is at least ``value`` (NaN: none, it counts in +Inf).
+        self.counts[bisect.bisect_left(self._bounds, value) if value == value else -1] += 1
 
 
 class Histogram:
@@ -206,10 +208,11 @@ class Stats:
 
     def record_calls(self, method: str, outcomes: Iterable[EngineOutcome]) -> None:
         hist = self.call_durations.labels(method)
+        calls = self.utility_calls
         for o in outcomes:
-            self.utility_calls[(method, o.engine, o.outcome.value)] += 1
+            calls[(method, o.engine, _LABEL[o.outcome])] += 1
             # Only real round trips: a timeout or a refused send measured nothing.
-            if o.duration_s is not None and o.outcome in (Outcome.OK, Outcome.FAILED):
+            if o.duration_s is not None and o.outcome in _ROUND_TRIPS:
                 hist.observe(o.duration_s)
         self.generation += 1
 

@@ -67,6 +67,9 @@ log = logging.getLogger("exporter.inprocess")
 #: asks four methods at once: two polls, the gate and an admin action fit, then a hung engine
 #: is not asked more until it answers).
 MAX_IN_FLIGHT = 12
+#: Most engine lists whose targets are kept (a paced poll's bursts, each with its calls'
+#: subsets; a gate's or an action's engines): past it, found afresh.
+MAX_KEPT_TARGETS = 256
 #: Actions after which vLLM's ``AsyncLLM`` records something itself (``VllmCore.after_fleet_call``).
 FRONT_END_METHODS = frozenset({"sleep", "wake_up", "pause_scheduler"})
 #: The front end's bookkeeping is local (a cache cleared, a gauge set): bounded all the same.
@@ -117,6 +120,10 @@ class InProcessFleetClient:
         self._details: dict[str, tuple[tuple[Any, ...], EngineDetail]] = {}
         #: Everything the last details were made of, compared whole first.
         self._whole: tuple[Any, ...] | None = None
+        #: The engines' identities the kept targets were found in, and engines asked →
+        #: (label, identity) of the managed ones (``_targets``).
+        self._targets_of: tuple[dict[str, bytes], dict[tuple[str, ...], list[tuple[str, bytes]]]]
+        self._targets_of = ({}, {})
         #: This process's elastic-EP operation, read once a poll (``elastic_ep``).
         self._elastic = ElasticEpWatch(core)
         #: One read of vLLM's tables serves the reads of the same moment.
@@ -202,8 +209,14 @@ class InProcessFleetClient:
         if engines is None:
             return self.core.engines()
         managed = self.core.identity_of()
-        labels = sorted({e for e in engines if e in managed}, key=int)
-        return [(label, managed[label]) for label in labels]
+        asked = tuple(engines)
+        if managed is not self._targets_of[0] or len(self._targets_of[1]) >= MAX_KEPT_TARGETS:
+            self._targets_of = (managed, {})  # another fleet (or too many kept): found afresh
+        found = self._targets_of[1].get(asked)
+        if found is None:  # a paced poll asks the same bursts every poll: found once
+            labels = sorted({e for e in asked if e in managed}, key=int)
+            found = self._targets_of[1][asked] = [(label, managed[label]) for label in labels]
+        return found
 
     def _ranks(self, engines: Collection[str] | None) -> list[int]:
         """The managed ranks among ``engines`` (None: every one), in rank order."""

@@ -33,13 +33,14 @@ line, which of these names a vLLM release lacks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from exporter.error import ConfigError, ProtocolError
-from exporter.protocol.activity import RequestCounts, read_count, read_lb_entry
+from exporter.protocol.activity import MAX_REQUESTS, RequestCounts, read_count, read_lb_entry
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 from exporter.protocol.pushes import (
     RankStatus,
@@ -306,9 +307,9 @@ class VllmCore:
             held[rank] = None
             try:
                 if whole:
-                    held[rank] = read_count(inflight[place[0]])
+                    held[rank] = _count(inflight[place[0]])
                 elif by_identity:
-                    held[rank] = read_count(inflight.get(place[1], 0))
+                    held[rank] = _count(inflight.get(place[1], 0))
             except Exception:  # a look-up that raises: that rank's count is not known
                 continue
         return held
@@ -323,8 +324,16 @@ class VllmCore:
                 return cast("Callable[[], Awaitable[Any]]", method)
         return None
 
-    async def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Any:
-        return await self.core._call_utility_async(method, *args, engine=identity)
+    def call(self, method: str, args: tuple[Any, ...], identity: bytes) -> Awaitable[Any]:
+        """vLLM's own call of ``method`` on one engine: its coroutine as vLLM made it, run as
+        a task by the caller (one frame fewer per call than awaiting it in one of ours). What
+        is not a coroutine is awaited in one of ours, and a call that raises at once fails
+        when awaited: as a coroutine of vLLM's would, never in the caller."""
+        try:
+            call = self.core._call_utility_async(method, *args, engine=identity)
+        except Exception as exc:
+            return _raised(exc)
+        return call if asyncio.iscoroutine(call) else _awaited(call)
 
     async def after_fleet_call(self, method: str, args: tuple[Any, ...], values: list[Any]) -> None:
         """What ``AsyncLLM`` does beside the same call to every engine, done once every engine
@@ -373,6 +382,21 @@ class _Fleet:
     identity_of: dict[str, bytes]
     #: Rank → its position in ``core_engines`` and its identity as vLLM keeps it.
     position_of: dict[int, tuple[int, Any]]
+
+
+async def _raised(exc: Exception) -> Any:
+    raise exc
+
+
+async def _awaited(call: Any) -> Any:
+    return await call
+
+
+def _count(value: Any) -> int | None:
+    """``read_count``, with its common case (an int in range) tested here first."""
+    if type(value) is int and 0 <= value <= MAX_REQUESTS:
+        return value
+    return read_count(value)
 
 
 def _rank_key(entry: tuple[str, bytes]) -> int:

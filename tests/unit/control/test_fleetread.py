@@ -4,7 +4,7 @@ and its memory of what each engine said it does not have (over the in-memory ``F
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -156,9 +156,9 @@ FOUR = ("0", "1", "2", "3")
 
 
 async def test_a_paced_polls_later_bursts_take_its_first_bursts_details() -> None:
-    """Details are read before the first burst, then before and after the last: not before
-    every burst (256 engines' details 17 times a poll). Any other read reads them afresh, and
-    so does the burst after it."""
+    """Details are read before the first burst and after the last: not around every burst
+    (256 engines' details 17 times a poll). Any other read reads them afresh, and so does
+    the burst after it."""
     fleet = CountedDetails(answers(awake(FOUR)), engines=FOUR)
     read = FleetRead(fleet)
     await read.read(ALL_METHODS, 1.0, engines=("0",))
@@ -166,13 +166,67 @@ async def test_a_paced_polls_later_bursts_take_its_first_bursts_details() -> Non
     assert fleet.details_read == 1
     assert {e for e, _, _ in fleet.calls} == {"0", "1"}  # each burst asked its own engines
     last = await read.read(ALL_METHODS, 1.0, engines=("2", "3"), progress=True)
-    assert fleet.details_read == 3 and set(last.details) == set(FOUR)
+    assert fleet.details_read == 2 and set(last.details) == set(FOUR)
     await read.read(ALL_METHODS, 1.0, engines=("0",))  # the next poll's first burst
-    assert fleet.details_read == 4
+    assert fleet.details_read == 3
     await read.read({VERSION}, 1.0)  # a gate's read between bursts: before and after it
-    assert fleet.details_read == 6
+    assert fleet.details_read == 5
     await read.read(ALL_METHODS, 1.0, engines=("1",))  # and the burst after it: afresh
-    assert fleet.details_read == 7
+    assert fleet.details_read == 6
+
+
+async def test_an_engine_that_restarts_between_bursts_is_asked_again_from_the_next_poll() -> None:
+    """The last burst takes the first's details: a restart between them is in the reading's
+    details (read after the last burst) at once, and its engine is asked everything again
+    from the next poll on."""
+    fleet = older_vllm_on("1")
+    read = FleetRead(fleet)
+    await read.read(ALL_METHODS, 1.0, engines=("0",))
+    await read.read(ALL_METHODS, 1.0, engines=("1",), progress=True)
+    assert read.unsupported_by("1") == {VERSION}
+    await read.read(ALL_METHODS, 1.0, engines=("0",))  # the next poll's first burst
+    fleet.handler = answers(awake(ENGINES, version="v2"))  # rank 1 restarted, newer vLLM
+    fleet.handshakes["1"] = 2
+    last = await read.read(ALL_METHODS, 1.0, engines=("1",), progress=True)
+    assert last.details["1"].handshakes == 2  # seen by the read after the last burst
+    assert asked(fleet, VERSION) == ["0", "1", "0"]  # not asked again in this poll
+    await read.read(ALL_METHODS, 1.0, engines=("0",))
+    last = await read.read(ALL_METHODS, 1.0, engines=("1",), progress=True)
+    assert asked(fleet, VERSION) == ["0", "1", "0", "0", "1"]
+    assert [o.value for o in last.outcomes[VERSION]] == ["v2"]
+    assert read.unsupported_by("1") == set()
+
+
+@dataclass
+class TurnsFleet(FakeFleet):
+    """A ``FakeFleet`` that notes the loop turn (``turn``, moved by the test) each call began."""
+
+    turn: int = 0
+    began: list[tuple[str, int]] = field(default_factory=list)
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> list[EngineOutcome]:
+        self.began.append((method, self.turn))
+        return await super().call_utility(method, *args, **kwargs)
+
+
+async def test_a_reads_methods_are_sent_a_loop_turn_apart() -> None:
+    """In-process mode sends on vLLM's loop: each method of a burst in its own turn."""
+    fleet = TurnsFleet(answers(awake(FOUR)), engines=FOUR)
+    ticking = True
+
+    async def tick() -> None:
+        while ticking:
+            fleet.turn += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.ensure_future(tick())
+    reading = await FleetRead(fleet).read(ALL_METHODS, 1.0, engines=("1", "2"))
+    ticking = False
+    await ticker
+    turns = [turn for _, turn in fleet.began]
+    assert len(fleet.began) == len(reading.outcomes) >= 3
+    assert turns == sorted(set(turns)), fleet.began  # one turn each, in the asked order
+    assert all(len(o) == 2 for o in reading.outcomes.values())
 
 
 async def test_a_burst_cut_short_leaves_no_details_to_the_next_poll() -> None:

@@ -27,6 +27,15 @@ def test_a_value_lands_in_the_first_bucket_that_holds_it_and_rows_are_cumulative
         hist.labels("a", "b")
 
 
+def test_a_value_in_no_bucket_counts_in_inf_only() -> None:
+    """NaN holds in no bucket (as prometheus_client's histogram counts it: in +Inf)."""
+    hist = Histogram(("method",), (0.1, 1.0))
+    hist.labels("a").observe(float("nan"))
+    hist.labels("a").observe(float("inf"))
+    ((_, buckets, _),) = hist.rows()
+    assert buckets == [("0.1", 0.0), ("1.0", 0.0), ("+Inf", 2.0)]
+
+
 def test_an_unlabelled_histogram_is_published_at_zero_from_the_start() -> None:
     stats = Stats()
     ((labels, buckets, total),) = stats.reset_durations.rows()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import SHUTTING_DOWN, STOPPING, Outcome, connected_count
+from exporter.client.inprocess import client as client_module
 from exporter.client.inprocess.client import MAX_IN_FLIGHT, InProcessFleetClient
 from exporter.client.inprocess.fanout import ENGINE_CORE_DEAD
 from exporter.client.inprocess.vllm_core import (
@@ -119,6 +120,37 @@ async def test_engines_are_read_afresh_on_every_call() -> None:
     assert [r for _, _, r in core.sent] == [0, 1, 0, 1, 2, 3, 3]
 
 
+async def test_a_burst_asked_again_after_the_engines_changed_is_found_afresh() -> None:
+    """A paced poll asks the same bursts every poll (their targets are kept): an engine that
+    left between two polls is not called, one that came back is."""
+    core = StubCore([0, 1, 2])
+    client = client_of(core)
+    burst = ("1", "2")
+    for _ in range(2):
+        got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT, engines=burst)
+        assert [o.engine for o in got] == ["1", "2"]
+    core.core_engines.remove((2).to_bytes(2, "little"))
+    got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT, engines=burst)
+    assert [o.engine for o in got] == ["1"]
+    core.core_engines.append((2).to_bytes(2, "little"))
+    got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT, engines=list(burst))
+    assert [o.engine for o in got] == ["1", "2"]
+    assert [r for _, _, r in core.sent] == [1, 2, 1, 2, 1, 1, 2]
+
+
+async def test_the_kept_bursts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "MAX_KEPT_TARGETS", 8)
+    core = StubCore(list(range(12)))
+    client = client_of(core)
+    for size in range(1, 13):
+        for start in range(0, 12 - size + 1):
+            wanted = [str(r) for r in range(start, start + size)]
+            got = await client.call_utility("is_sleeping", timeout_s=TIMEOUT, engines=wanted)
+            assert [o.engine for o in got] == wanted
+    assert 0 < len(client._targets_of[1]) <= 8
+    assert len(core.sent) == sum(size * (13 - size) for size in range(1, 13))
+
+
 # -- results and errors ------------------------------------------------------------------------
 
 
@@ -193,6 +225,31 @@ async def test_any_other_error_is_disconnected(error: BaseException) -> None:
     assert message is not None and message.startswith(f"{type(error).__name__}: ")
     assert len(message.encode()) <= MAX_ENGINE_STRING
     assert not core.resources.engine_dead  # only vLLM marks itself dead
+
+
+class NotACoroutineCore(StubCore):
+    """A vLLM whose ``_call_utility_async`` is no coroutine function: rank 0's call raises
+    when made, rank 1's returns a future, rank 2's something that cannot be awaited."""
+
+    def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> Any:
+        rank = int.from_bytes(engine, "little")
+        self.sent.append((method, args, rank))
+        if rank == 0:
+            raise Exception("raised when called")
+        if rank == 1:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_result(True)
+            return future
+        return object()
+
+
+async def test_a_call_that_is_not_vllms_coroutine_fails_its_engine_only() -> None:
+    """Whatever vLLM's call is made of, its failure is that engine's outcome, never an
+    error raised into the fan-out (or vLLM's loop)."""
+    got = await client_of(NotACoroutineCore()).call_utility("is_sleeping", timeout_s=TIMEOUT)
+    assert [o.outcome for o in got] == [Outcome.FAILED, Outcome.OK, Outcome.DISCONNECTED]
+    assert got[0].error == "raised when called" and got[1].value is True
+    assert got[2].error is not None and got[2].error.startswith("TypeError: ")
 
 
 async def test_engine_dead_error_is_recognised_by_class_name() -> None:
