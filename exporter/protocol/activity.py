@@ -88,12 +88,7 @@ def read_lb_entry(entry: Any) -> RequestCounts | None:
     ``[waiting, running, kv_cache_usage]`` (0.30, 0.32); None when it is not such a list."""
     if not isinstance(entry, (list, tuple)) or not 2 <= len(entry) <= 8:
         return None
-    waiting, running = entry[0], entry[1]
-    if type(waiting) is int and type(running) is int:  # the common case: two ints, one test
-        if 0 <= waiting <= MAX_REQUESTS and 0 <= running <= MAX_REQUESTS:
-            return RequestCounts(running, waiting)
-        return None
-    return read_counts(running, waiting)
+    return read_counts(entry[1], entry[0])
 
 
 #: The longest coordinator publication decoded (vLLM's is ~20 bytes per rank).

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from exporter.error import ConfigError, ProtocolError
-from exporter.protocol.activity import MAX_REQUESTS, RequestCounts, read_count, read_lb_entry
+from exporter.protocol.activity import RequestCounts, read_count, read_lb_entry
 from exporter.protocol.kv_events import KvEventsSource, parse_kv_events_config
 from exporter.protocol.pushes import (
     RankStatus,
@@ -307,9 +307,9 @@ class VllmCore:
             held[rank] = None
             try:
                 if whole:
-                    held[rank] = _count(inflight[place[0]])
+                    held[rank] = read_count(inflight[place[0]])
                 elif by_identity:
-                    held[rank] = _count(inflight.get(place[1], 0))
+                    held[rank] = read_count(inflight.get(place[1], 0))
             except Exception:  # a look-up that raises: that rank's count is not known
                 continue
         return held
@@ -390,13 +390,6 @@ async def _raised(exc: Exception) -> Any:
 
 async def _awaited(call: Any) -> Any:
     return await call
-
-
-def _count(value: Any) -> int | None:
-    """``read_count``, with its common case (an int in range) tested here first."""
-    if type(value) is int and 0 <= value <= MAX_REQUESTS:
-        return value
-    return read_count(value)
 
 
 def _rank_key(entry: tuple[str, bytes]) -> int:
