@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,41 @@ def wait_every_api_server(endpoint: Endpoint, count: int, server: Managed) -> se
         abort=lambda: first_exited(server),
     )
     return ready
+
+
+def server_of(doc: dict[str, Any]) -> str:
+    """Which API server answered a ``/dp/status`` (every engine's ``address`` names it:
+    ``in-process (vLLM client <index>)``)."""
+    return str(doc["engines"][0]["address"])
+
+
+#: A test on one ``/dp/status`` document.
+Accept = Callable[[dict[str, Any]], bool]
+
+
+def every_api_server(
+    endpoint: Endpoint,
+    count: int,
+    accept: Accept,
+    what: str,
+    timeout_s: float,
+    abort: Callable[[], str | None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """API server → its first ``/dp/status`` that ``accept`` takes, once ``count`` servers
+    answered one. A request reaches whichever server accepts it first and each polls for
+    itself: one server's answer says nothing of the other's (a state seen in one can come a
+    poll later in the other)."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def probe() -> dict[str, dict[str, Any]] | None:
+        doc = endpoint.status()
+        if server_of(doc) not in seen and accept(doc):
+            seen[server_of(doc)] = doc
+        return seen if len(seen) >= count else None
+
+    return web.wait_for(
+        probe, timeout_s, f"{what} from {count} API servers", interval_s=0.1, abort=abort
+    )
 
 
 def start_unlisted_server(

@@ -41,6 +41,7 @@ from e2e.inprocess import (
     Endpoint,
     PluginServer,
     Trainer,
+    every_api_server,
     group_alive,
     start_plugin_server,
     start_trainer,
@@ -449,30 +450,47 @@ class TestPluginInVllmServe:
     ) -> None:
         """SIGSTOP on rank 1's engine process: each API server's plugin reads it ``hung``
         (connected: vLLM's client has not marked it dead) and leaves it out of /dp/routable and
-        /dp/readyz?engine=1, rank 0 routable; SIGCONT: routable again in both servers."""
+        /dp/readyz?engine=1, rank 0 routable; SIGCONT: routable again in both servers.
+
+        Each server polls and times its silence for itself, so one reads ``hung`` up to a poll
+        before the other: the routes are read once every server's own ``/dp/status`` said so
+        (a request reaches whichever server accepts it first)."""
         endpoint = served.endpoint
         pid = engine_core_pids(served.server)[1]
+
+        def exited() -> str | None:
+            return first_exited(served.server)
+
+        def rank1_hung(doc: dict[str, Any]) -> bool:
+            ranks = {str(e["engine"]): e for e in doc["engines"]}
+            reasons = ranks["1"]["routable"]["reasons"]
+            return (
+                ranks["1"]["state"] == "hung"
+                and any(r.startswith("hung:") for r in reasons)
+                and ranks["0"]["routable"]["routable"] is True
+            )
+
         os.kill(pid, signal.SIGSTOP)
         try:
-            for _ in range(4):  # both API servers answer some of these, each for itself
-
-                def hung() -> dict[str, Any] | None:
-                    doc: dict[str, Any] = web.get(f"{endpoint.url}/dp/routable").json()
-                    reasons = {e["engine"]: e["reasons"] for e in doc["engines"]}
-                    stuck = any(r.startswith("hung:") for r in reasons["1"])
-                    return doc if stuck and doc["routable_engines"] == ["0"] else None
-
-                web.wait_for(hung, 90, "rank 1 hung", abort=lambda: first_exited(served.server))
-            assert web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 503
+            every_api_server(endpoint, 2, rank1_hung, "rank 1 hung", 90, abort=exited)
+            for _ in range(4):  # both servers answer some of these: each now reads it hung
+                doc: dict[str, Any] = web.get(f"{endpoint.url}/dp/routable").json()
+                reasons = {e["engine"]: e["reasons"] for e in doc["engines"]}
+                assert doc["routable_engines"] == ["0"], doc
+                assert any(r.startswith("hung:") for r in reasons["1"]), doc
+                assert web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 503
         finally:
             os.kill(pid, signal.SIGCONT)
+        every_api_server(
+            endpoint,
+            2,
+            lambda doc: all(e["routable"]["routable"] for e in doc["engines"]),
+            "rank 1 routable again",
+            90,
+            abort=exited,
+        )
         for _ in range(4):
-            web.wait_for(
-                lambda: web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 200,
-                90,
-                "rank 1 routable again",
-                abort=lambda: first_exited(served.server),
-            )
+            assert web.get(f"{endpoint.url}/dp/readyz?engine=1").status == 200
         assert complete(served.api_url, PROMPT, 8)["usage"]["completion_tokens"] == 8
 
     @pytest.mark.vllm_needs("has_work")

@@ -39,7 +39,7 @@ import pytest
 from e2e import plugin_install, web
 from e2e.activity import Sampler, pinned
 from e2e.engine_hook import sitecustomize as hook
-from e2e.inprocess import Endpoint, PluginServer, start_plugin_server, write_token
+from e2e.inprocess import Endpoint, PluginServer, server_of, start_plugin_server, write_token
 from e2e.procs import ProcessGroup, cli_flags, first_exited
 from e2e.traffic import LongGeneration
 from e2e.vllm_features import ENDPOINT_PLUGIN_OVERRIDES, ENDPOINT_PLUGINS
@@ -88,11 +88,6 @@ def engine(doc: dict[str, Any], name: str) -> dict[str, Any]:
     found: list[dict[str, Any]] = [e for e in doc["engines"] if str(e["engine"]) == name]
     assert len(found) == 1, (name, doc["engines"])
     return found[0]
-
-
-def server_of(doc: dict[str, Any]) -> str:
-    """Which API server answered a ``/dp/status`` (every engine's ``address`` names it)."""
-    return str(doc["engines"][0]["address"])
 
 
 def progress_series(endpoint: Endpoint) -> dict[str, float]:
@@ -247,19 +242,29 @@ def hold_requests_in_every_api_server(
     ``/dp/status``), read after the send, must add up to the requests sent."""
     gens: list[LongGeneration] = []
     held: dict[str, int] = {}
+    last: dict[str, Any] = {}  # per API server: what its last read said (diagnostics)
     for i in range(HELD_REQUESTS_MAX):
         prompt = f"w{i + 20} w{i + 21}"
         gens.append(LongGeneration(api_url, prompt, HELD_TOKENS, headers=pinned(rank)))
         held.clear()  # read again after this send
+        last.clear()
 
         def counted() -> bool:
             doc = endpoint.status()
-            held[server_of(doc)] = engine(doc, rank)["progress"]["held"]
+            read = engine(doc, rank)
+            held[server_of(doc)] = read["progress"]["held"]
+            last[server_of(doc)] = {
+                "poll": doc["last_poll"]["number"],
+                "progress": read["progress"],
+                "activity": read["activity"],
+            }
             return len(held) == len(API_SERVERS) and sum(held.values()) == len(gens)
 
-        web.wait_for(
-            counted, 30, f"{len(gens)} requests counted on rank {rank} ({held})", interval_s=0.1
-        )
+        try:
+            web.wait_for(counted, 30, f"{len(gens)} requests counted on rank {rank}", 0.1)
+        except AssertionError as exc:
+            sent = "; ".join(gen.timeline(gen.sent_at) for gen in gens)
+            raise AssertionError(f"{exc}: last read per API server {last}; sent: {sent}") from exc
         if all(n >= 1 for n in held.values()):
             return gens, held
     raise AssertionError(f"{HELD_REQUESTS_MAX} requests all reached one API server: {held}")

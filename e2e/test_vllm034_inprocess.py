@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -61,7 +60,16 @@ from e2e.checks034 import (
     counted,
 )
 from e2e.exporter_proc import confirmed, states
-from e2e.inprocess import PLUGIN, Endpoint, PluginServer, start_plugin_server, write_token
+from e2e.inprocess import (
+    PLUGIN,
+    Accept,
+    Endpoint,
+    PluginServer,
+    every_api_server,
+    server_of,
+    start_plugin_server,
+    write_token,
+)
 from e2e.procs import ProcessGroup
 from e2e.traffic import complete, front_end_generated
 from e2e.vllm034 import (
@@ -117,29 +125,11 @@ def assert_schema(doc: dict[str, Any]) -> None:
     assert not problems, "status breaks docs/status.schema.json:\n" + "\n".join(problems)
 
 
-def server_of(doc: dict[str, Any]) -> str:
-    """Which API server answered (``in-process (vLLM client <index>)``)."""
-    return str(doc["engines"][0]["address"])
-
-
-#: A test on one ``/dp/status`` document.
-Accept = Callable[[dict[str, Any]], bool]
-
-
 def every_server(
     endpoint: Endpoint, accept: Accept = lambda doc: True, what: str = "a status"
 ) -> dict[str, dict[str, Any]]:
-    """API server → its first ``/dp/status`` that ``accept`` takes, once both answered one
-    (each request reaches whichever server accepts it first; each polls for itself)."""
-    seen: dict[str, dict[str, Any]] = {}
-
-    def probe() -> dict[str, dict[str, Any]] | None:
-        doc = endpoint.status()
-        if server_of(doc) not in seen and accept(doc):
-            seen[server_of(doc)] = doc
-        return seen if len(seen) == API_SERVERS else None
-
-    return web.wait_for(probe, WAIT_S, f"{what} from both API servers", interval_s=0.1)
+    """API server → its first ``/dp/status`` that ``accept`` takes, once both answered one."""
+    return every_api_server(endpoint, API_SERVERS, accept, what, WAIT_S)
 
 
 def polled(doc: dict[str, Any], method: str) -> list[tuple[str, str, Any]]:
