@@ -239,7 +239,8 @@ def hold_requests_in_every_api_server(
     """Streamed requests pinned to ``rank``, sent one at a time until each API server holds
     at least one (a connection reaches whichever API server accepts it first): after each,
     every server's own count of its unfinished requests on the rank (``progress.held`` in its
-    ``/dp/status``), read after the send, must add up to the requests sent."""
+    ``/dp/status``), read after the send, must add up to the requests sent. The server carrying
+    rank 0's stream answers few reads (``KEEPER_TOKENS``): the wait is the long one."""
     gens: list[LongGeneration] = []
     held: dict[str, int] = {}
     last: dict[str, Any] = {}  # per API server: what its last read said (diagnostics)
@@ -261,7 +262,9 @@ def hold_requests_in_every_api_server(
             return len(held) == len(API_SERVERS) and sum(held.values()) == len(gens)
 
         try:
-            web.wait_for(counted, 30, f"{len(gens)} requests counted on rank {rank}", 0.1)
+            web.wait_for(
+                counted, SERIES_WAIT_S, f"{len(gens)} requests counted on rank {rank}", 0.1
+            )
         except AssertionError as exc:
             sent = "; ".join(gen.timeline(gen.sent_at) for gen in gens)
             raise AssertionError(f"{exc}: last read per API server {last}; sent: {sent}") from exc
