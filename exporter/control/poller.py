@@ -32,7 +32,7 @@ from exporter.control.build import (
 from exporter.control.fleetread import ALL_METHODS, FleetRead, FleetReading
 from exporter.control.pacing import PaceCounts, bursts, paced_read
 from exporter.control.sources import ReadingSource, asks_engines
-from exporter.fleetstate.activity import hung_after_s
+from exporter.fleetstate.activity import hung_after_s, marked_stale, stale_after_s
 from exporter.fleetstate.aggregate import ConsensusVerdict, FleetState
 from exporter.fleetstate.history import FleetHistory
 from exporter.fleetstate.invariants import SLEEPING, is_unsupported
@@ -84,6 +84,8 @@ class Poller:
         self.hung_after_s = hung_after_s(hung_after, interval_s, call_timeout_s)
         #: ``--stall-after`` (0: a rank is never stalled).
         self.stall_after_s = stall_after
+        #: How old the last snapshot grows while polls run; older, ``mark_if_stale`` marks it.
+        self.stale_after_s = stale_after_s(interval_s, call_timeout_s)
         #: ``--engines-per-burst`` (0: every engine at once; ``exporter.control.pacing``).
         self.engines_per_burst = engines_per_burst
         self.pace = PaceCounts()
@@ -156,6 +158,32 @@ class Poller:
         self._snapshot = dataclasses.replace(snap, engines=engines)
         self.republished += 1
         self._announce(self._snapshot)
+
+    def mark_if_stale(self) -> bool:
+        """Republish the last snapshot with every rank stale (not routable) once no poll
+        completed for ``stale_after_s``: a poll held up, or the poller stopped, must not leave
+        the routes answering its old "routable". True when it republished."""
+        snap = self._snapshot
+        marked = None if snap is None else marked_stale(snap, self._wall(), self.stale_after_s)
+        if snap is None or marked is None:
+            return False
+        if snap.engines and not snap.engines[0].stale_s:
+            log.warning(
+                "no poll completed for %.0f s (a running poller takes at most %.0f s): every "
+                "rank reads stale, not routable, until one does",
+                self._wall() - snap.taken_at_unix,
+                self.stale_after_s,
+            )
+        self._snapshot = marked
+        self.republished += 1
+        self._announce(marked)
+        return True
+
+    async def watch_freshness(self) -> None:
+        """``mark_if_stale`` every second (every interval, if shorter), beside ``run``."""
+        while True:
+            await asyncio.sleep(min(1.0, self.interval_s))
+            self.mark_if_stale()
 
     def _announce(self, snap: FleetSnapshot) -> None:
         for listener in self.listeners:

@@ -132,6 +132,7 @@ class Exporter:
         for task in ("poller", "handshake") if handshakes else ("poller",):
             self.faults.task_failures.setdefault(task, 0)
         self._poll_task: asyncio.Task[None] | None = None
+        self._fresh_task: asyncio.Task[None] | None = None
         self._load_task: asyncio.Task[None] | None = None
 
     def _build_registries(self) -> None:
@@ -219,6 +220,7 @@ class Exporter:
     async def start(self) -> None:
         await self.client.start()
         self._poll_task = supervise("poller", self.poller.run, self.faults)
+        self._fresh_task = supervise("freshness", self.poller.watch_freshness, self.faults)
         if self.load_publisher is not None:
             self._load_task = supervise("load_publisher", self.load_publisher.run, self.faults)
 
@@ -226,6 +228,8 @@ class Exporter:
         task, self._poll_task = self._poll_task, None
         self.feed.close()
         await cancel_and_wait(task)
+        fresh, self._fresh_task = self._fresh_task, None
+        await cancel_and_wait(fresh)
         await cancel_and_wait(self._load_task)
         if self.load_publisher is not None:
             self.load_publisher.close()

@@ -19,7 +19,7 @@ from exporter.fleetstate.activity import routability
 from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 
 #: Reasons whose text carries a duration: only the part before ``:`` decides a change.
-TIMED_REASONS = ("hung:", "stalled:")
+TIMED_REASONS = ("hung:", "stalled:", "stale:")
 #: Fields sent but no change of their own: the reasons (compared by ``reason_key``), and the
 #: progress, which grows every poll a rank computes (its stall is a state of its own).
 UNKEYED = frozenset({"reasons", "progress_tokens", "last_progress_unix"})

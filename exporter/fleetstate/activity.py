@@ -12,14 +12,19 @@ and not paused, and it has computed no token (``RankProgress``) for ``--stall-af
 since it got that work (a rank idle for an hour is not stalled by its next request's first
 prefill). Only a source that counts the rank's tokens as it steps can tell (in-process mode:
 vLLM's stat loggers); where none does, a rank is never stalled.
+
+Answers older than a running poller ever leaves them (``stale_after_s``: a poll held up, a
+poller that stopped) route nothing: every rank reads **stale** and not routable until a poll
+completes again (fail closed: an old "routable" is not a health signal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from exporter.client.fleet import Outcome
-from exporter.fleetstate.snapshot import EngineSnapshot
+from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 from exporter.protocol.progress import RankProgress
 
 #: The progress sources that count a rank's tokens as it steps (``RankProgress.source``). HTTP
@@ -30,6 +35,8 @@ STALL_SOURCES = frozenset({"stat_logger"})
 
 #: The automatic ``--hung-after`` (0): this many poll intervals without an answer.
 HUNG_AFTER_POLLS = 3
+#: Seconds beyond the longest a running poller takes before its snapshot reads stale.
+STALE_MARGIN_S = 5.0
 
 
 def hung_after_s(setting: float, poll_interval_s: float, call_timeout_s: float) -> float:
@@ -38,6 +45,27 @@ def hung_after_s(setting: float, poll_interval_s: float, call_timeout_s: float) 
     if setting > 0:
         return setting
     return max(HUNG_AFTER_POLLS * poll_interval_s, call_timeout_s)
+
+
+def stale_after_s(poll_interval_s: float, call_timeout_s: float) -> float:
+    """How old the last poll's snapshot grows while the poller runs: the next poll starts an
+    interval (and its jitter) after it and takes at most its spread over the interval, a call
+    timeout, and one more for a paced poll's confirming read. Twice the interval and the call
+    timeout, and ``STALE_MARGIN_S`` for a loaded machine; older, no poll is coming."""
+    return 2 * (poll_interval_s + call_timeout_s) + STALE_MARGIN_S
+
+
+def marked_stale(snap: FleetSnapshot, now_unix: float, stale_after: float) -> FleetSnapshot | None:
+    """``snap`` with each engine's ``stale_s`` set to its age in whole seconds, when it is older
+    than ``stale_after`` and not already marked with that age; None otherwise (pure)."""
+    age = now_unix - snap.taken_at_unix
+    if not snap.taken_at_unix or not age > stale_after:
+        return None
+    whole = float(int(age))
+    if all(e.stale_s == whole for e in snap.engines):
+        return None
+    engines = tuple(dataclasses.replace(e, stale_s=whole) for e in snap.engines)
+    return dataclasses.replace(snap, engines=engines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +104,8 @@ def is_stalled(
 def routability(engine: EngineSnapshot) -> Routability:
     """Whether ``engine`` should take traffic now, from the last poll (pure)."""
     reasons: list[str] = []
+    if engine.stale_s > 0:  # no poll for longer than a running poller takes: fail closed
+        reasons.append(f"stale: no poll for {engine.stale_s:.0f} s")
     if not engine.detail.connected:
         reasons.append("disconnected")
     if engine.hung:

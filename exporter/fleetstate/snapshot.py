@@ -41,6 +41,9 @@ class EngineSnapshot:
     #: It holds requests and says it has work, but computed no token for ``--stall-after``
     #: (``exporter.fleetstate.activity.is_stalled``).
     stalled: bool = False
+    #: Seconds since the poll these answers come from, once that is longer than a running
+    #: poller ever leaves a snapshot (``Poller.mark_if_stale``; 0: fresh): too old to route on.
+    stale_s: float = 0.0
 
     @property
     def sleeping_outcome(self) -> EngineOutcome | None:

@@ -7,6 +7,7 @@ ranks are not routable either; bad ``engine`` parameters are refused."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -103,3 +104,61 @@ async def test_bad_engine_parameters_are_refused(
     code, body = await fleet.get_json(f"/readyz?{query}")
     assert code == status and "error" in body and len(str(body)) < 1000
     assert (await fleet.get_json("/readyz"))[0] == 200  # without engine: the fleet's readiness
+
+
+class HeldSource:
+    """The poller's own source, each read held until ``release`` (a poll held up: what a
+    stuck thread or a wedged await would leave)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self.release = asyncio.Event()
+        self.held = 0
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        self.held += 1
+        await self.release.wait()
+        return await self._source.read(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
+async def test_a_poll_held_up_past_the_stale_bound_fails_every_route_closed_until_one_completes(
+    fleet_factory: ServiceFactory,
+) -> None:
+    """No poll completes (its read held): past ``stale_after_s`` every rank reads ``stale`` and
+    not routable in ``/routable``, ``/readyz?engine=N``, ``/status`` and the routable series,
+    while ``/metrics`` keeps answering and the state stays as last read; the poll let go,
+    every rank is routable again."""
+    fleet = await fleet_factory(3, gate_min_interval=0.0)
+    poller = fleet.exporter.poller
+    assert (await routable(fleet))["routable_engines"] == ["0", "1", "2"]
+    held = HeldSource(poller.source)
+    poller.source = held
+    poller.stale_after_s = 1.0  # the bound's formula is tested in test_activity.py
+    await eventually(lambda: held.held >= 1, 10, "a poll held")
+    await eventually(
+        lambda: all(e.stale_s > 0 for e in poller.snapshot.engines), 10, "the snapshot stale"
+    )
+    doc = await routable(fleet)
+    assert doc["routable_engines"] == [], doc
+    for entry in doc["engines"]:
+        assert entry["reasons"][0].startswith("stale: no poll for "), entry
+    code, body = await fleet.get_json("/readyz?engine=2")
+    assert code == 503 and body["reasons"][0].startswith("stale: "), body
+    status = await fleet.status()
+    validate_status(status)
+    assert [e["state"] for e in status["engines"]] == ["awake"] * 3
+    assert not any(e["routable"]["routable"] for e in status["engines"])
+    m = await fleet.scrape()
+    assert [metric_value(m, "vllm_dp_engine_routable", engine=e) for e in "012"] == [0.0] * 3
+
+    held.release.set()
+    poller.source = held._source
+    await fleet.fresh_poll()
+    doc = await routable(fleet)
+    assert doc["routable_engines"] == ["0", "1", "2"], doc
+    assert (await fleet.get_json("/readyz?engine=2"))[0] == 200
+    m = await fleet.scrape()
+    assert [metric_value(m, "vllm_dp_engine_routable", engine=e) for e in "012"] == [1.0] * 3

@@ -172,3 +172,51 @@ async def test_poll_soon_cuts_the_wait_short_and_a_failing_poll_does_not_stop_th
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_snapshot_no_poll_followed_is_republished_stale_then_a_poll_freshens_it(
+    caplog: Any,
+) -> None:
+    wall = ManualClock(1000.0)
+    poller = poller_over(fleet_of(awake(ENGINES)), wall_clock=wall, interval_s=5.0)
+    assert poller.stale_after_s == 2 * (5.0 + 1.0) + 5.0
+    assert not poller.mark_if_stale()  # no poll yet: nothing to mark
+    seen: list[Any] = []
+    poller.listeners.append(seen.append)
+    first = await poller.poll_once()
+    seen.clear()
+    wall.now = 1000.0 + poller.stale_after_s
+    assert not poller.mark_if_stale() and poller.snapshot is first  # within the bound
+    wall.now += 1.5
+    assert poller.mark_if_stale()
+    marked = poller.snapshot
+    assert marked.poll_number == 1 and {e.stale_s for e in marked.engines} == {18.0}
+    assert poller.republished == 1 and seen == [marked]  # every surface told (the feeds)
+    assert "no poll completed for 18 s" in caplog.text
+    caplog.clear()
+    assert not poller.mark_if_stale()  # the same second: nothing new
+    wall.now += 1.0
+    assert poller.mark_if_stale() and {e.stale_s for e in poller.snapshot.engines} == {19.0}
+    assert caplog.text == ""  # warned once, when it turned stale
+    poller.republish()  # a push meanwhile: still stale
+    assert {e.stale_s for e in poller.snapshot.engines} == {19.0}
+    fresh = await poller.poll_once()
+    assert fresh.poll_number == 2 and {e.stale_s for e in fresh.engines} == {0.0}
+
+
+async def test_the_freshness_watch_marks_a_poller_whose_poll_never_ends() -> None:
+    wall = ManualClock(1000.0)
+    poller = poller_over(fleet_of(awake(ENGINES)), wall_clock=wall, interval_s=0.05)
+    await poller.poll_once()
+    wall.now += poller.stale_after_s + 1.0
+    watch = asyncio.ensure_future(poller.watch_freshness())
+    try:
+        for _ in range(100):
+            if poller.republished:
+                break
+            await asyncio.sleep(0.02)
+        assert {e.stale_s for e in poller.snapshot.engines} == {int(poller.stale_after_s) + 1.0}
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch

@@ -42,6 +42,7 @@ def test_a_duration_in_a_reason_is_no_change() -> None:
     assert rank_row(hung_1).key == rank_row(hung_9).key
     assert rank_row(hung_1).key != rank_row(base).key
     assert reason_key("hung: no answer for 12 s") == "hung"
+    assert reason_key("stale: no poll for 31 s") == "stale"
     assert reason_key("paused") == "paused"
 
 

@@ -8,8 +8,15 @@ import dataclasses
 from typing import Any
 
 from exporter.client.fleet import EngineDetail, EngineOutcome, Outcome
-from exporter.fleetstate.activity import hung_after_s, is_stalled, routability
-from exporter.fleetstate.snapshot import EngineSnapshot
+from exporter.fleetstate.activity import (
+    STALE_MARGIN_S,
+    hung_after_s,
+    is_stalled,
+    marked_stale,
+    routability,
+    stale_after_s,
+)
+from exporter.fleetstate.snapshot import EngineSnapshot, FleetSnapshot
 from exporter.protocol.progress import RankProgress
 from exporter.protocol.pushes import FaultStatus
 from tests.harness.snapshots import engine_snapshot
@@ -114,3 +121,39 @@ def test_a_stalled_rank_reads_stalled_and_is_not_routable() -> None:
     assert verdict.reasons == ("stalled: holds requests, no token computed for 75 s",)
     paused = dataclasses.replace(holding(is_sleeping=True, is_scheduler_paused=True), stalled=True)
     assert paused.state == "paused"  # never both: the poller marks only an awake rank
+
+
+def test_the_stale_bound_is_what_a_running_poller_takes_with_a_margin() -> None:
+    # Twice (interval + call timeout): the wait, the spread, a timeout, a confirming read.
+    assert stale_after_s(5.0, 10.0) == 30.0 + STALE_MARGIN_S
+    assert stale_after_s(1.0, 10.0) == 22.0 + STALE_MARGIN_S
+
+
+def snapshot_at(taken_at_unix: float) -> FleetSnapshot:
+    engines = tuple(
+        engine_snapshot(e, is_sleeping=False, is_scheduler_paused=False) for e in ("0", "1", "2")
+    )
+    return FleetSnapshot(taken_at_unix, 0.01, engines, {}, 3, 3, poll_number=7)
+
+
+def test_a_snapshot_older_than_the_bound_is_marked_stale_once_per_whole_second() -> None:
+    snap = snapshot_at(1000.0)
+    assert marked_stale(snap, 1030.0, 30.0) is None  # at the bound: still fresh
+    marked = marked_stale(snap, 1031.4, 30.0)
+    assert marked is not None and [e.stale_s for e in marked.engines] == [31.0] * 3
+    assert (marked.poll_number, marked.taken_at_unix) == (7, 1000.0)  # the same poll's
+    assert marked_stale(marked, 1031.9, 30.0) is None  # the same second: nothing new
+    later = marked_stale(marked, 1032.0, 30.0)
+    assert later is not None and {e.stale_s for e in later.engines} == {32.0}
+    assert marked_stale(snapshot_at(0.0), 5000.0, 30.0) is None  # no poll yet: nothing to age
+
+
+def test_a_stale_rank_is_not_routable_and_says_so_first_whatever_it_answered() -> None:
+    (awake, *_) = snapshot_at(1000.0).engines
+    assert routability(awake).routable
+    stale = dataclasses.replace(awake, stale_s=31.0)
+    verdict = routability(stale)
+    assert not verdict.routable and verdict.reasons == ("stale: no poll for 31 s",)
+    assert stale.state == "awake"  # the state stays as last read; only routing fails closed
+    hung = dataclasses.replace(stale, hung=True, unresponsive_s=40.0)
+    assert routability(hung).reasons[:2] == ("stale: no poll for 31 s", "hung: no answer for 40 s")
