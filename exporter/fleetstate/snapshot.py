@@ -176,11 +176,12 @@ class FleetSnapshot:
 
     @property
     def ready(self) -> bool:
-        """Every expected engine finished its handshake and answered the last poll."""
+        """Every expected engine finished its handshake and answered the last poll, and that
+        poll is not stale (``EngineSnapshot.stale_s``)."""
         return (
             bool(self.engines)
             and self.connected == self.expected
-            and all(e.up for e in self.engines)
+            and all(e.up and not e.stale_s for e in self.engines)
         )
 
 

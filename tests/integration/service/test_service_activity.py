@@ -128,7 +128,8 @@ async def test_a_poll_held_up_past_the_stale_bound_fails_every_route_closed_unti
     fleet_factory: ServiceFactory,
 ) -> None:
     """No poll completes (its read held): past ``stale_after_s`` every rank reads ``stale`` and
-    not routable in ``/routable``, ``/readyz?engine=N``, ``/status`` and the routable series,
+    not routable in ``/routable``, ``/readyz?engine=N``, ``/status`` and the routable series
+    (``/readyz`` 503),
     while ``/metrics`` keeps answering and the state stays as last read; the poll let go,
     every rank is routable again."""
     fleet = await fleet_factory(3, gate_min_interval=0.0)
@@ -147,6 +148,8 @@ async def test_a_poll_held_up_past_the_stale_bound_fails_every_route_closed_unti
         assert entry["reasons"][0].startswith("stale: no poll for "), entry
     code, body = await fleet.get_json("/readyz?engine=2")
     assert code == 503 and body["reasons"][0].startswith("stale: "), body
+    code, body = await fleet.get_json("/readyz")
+    assert code == 503 and not body["ready"], body
     status = await fleet.status()
     validate_status(status)
     assert [e["state"] for e in status["engines"]] == ["awake"] * 3
@@ -160,5 +163,6 @@ async def test_a_poll_held_up_past_the_stale_bound_fails_every_route_closed_unti
     doc = await routable(fleet)
     assert doc["routable_engines"] == ["0", "1", "2"], doc
     assert (await fleet.get_json("/readyz?engine=2"))[0] == 200
+    assert (await fleet.get_json("/readyz"))[0] == 200
     m = await fleet.scrape()
     assert [metric_value(m, "vllm_dp_engine_routable", engine=e) for e in "012"] == [1.0] * 3

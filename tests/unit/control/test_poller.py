@@ -192,6 +192,7 @@ async def test_a_snapshot_no_poll_followed_is_republished_stale_then_a_poll_fres
     marked = poller.snapshot
     assert marked.poll_number == 1 and {e.stale_s for e in marked.engines} == {18.0}
     assert poller.republished == 1 and seen == [marked]  # every surface told (the feeds)
+    assert first.ready and not marked.ready  # the fleet's readiness fails closed too
     assert "no poll completed for 18 s" in caplog.text
     caplog.clear()
     assert not poller.mark_if_stale()  # the same second: nothing new
