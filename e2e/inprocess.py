@@ -209,16 +209,34 @@ def every_api_server(
     itself: one server's answer says nothing of the other's (a state seen in one can come a
     poll later in the other)."""
     seen: dict[str, dict[str, Any]] = {}
+    last: dict[str, str] = {}  # per server: its last read, for the failure's message
 
     def probe() -> dict[str, dict[str, Any]] | None:
         doc = endpoint.status()
+        last[server_of(doc)] = brief(doc)
         if server_of(doc) not in seen and accept(doc):
             seen[server_of(doc)] = doc
         return seen if len(seen) >= count else None
 
-    return web.wait_for(
-        probe, timeout_s, f"{what} from {count} API servers", interval_s=0.1, abort=abort
+    try:
+        return web.wait_for(
+            probe, timeout_s, f"{what} from {count} API servers", interval_s=0.1, abort=abort
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; accepted from {sorted(seen)}; last reads: {last}") from exc
+
+
+def brief(doc: dict[str, Any]) -> str:
+    """One ``/dp/status`` in a line: its poll, where it came from, each rank's state and
+    reasons (``poll 31 follower/api_server_0 0=awake 1=hung(hung: no answer for 12 s)``)."""
+    poll = doc.get("last_poll") or {}
+    source = poll.get("source") or {}
+    ranks = " ".join(
+        f"{e['engine']}={e['state']}"
+        + (f"({'; '.join(e['routable']['reasons'])})" if e["routable"]["reasons"] else "")
+        for e in doc["engines"]
     )
+    return f"poll {poll.get('number')} {source.get('role')}/{source.get('from')} {ranks}"
 
 
 def start_unlisted_server(
