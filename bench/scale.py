@@ -59,6 +59,9 @@ class _Quiet:
     def on_output(self, engine_index: int, output: EngineOutput) -> bool:
         return False
 
+    def on_engine_hello(self, engine_index: int) -> None:
+        return None
+
     def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
         pass
 

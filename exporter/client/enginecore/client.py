@@ -364,9 +364,12 @@ class EngineCoreClient:
         pending.fanout.resolve(engine_index, outcome)
         return True
 
+    def on_engine_hello(self, engine_index: int) -> None:
+        """A new engine process starts healthy (its status forgotten at its HELLO, not once it
+        is up: it may push before its READY is read); a reattached one keeps its status."""
+        self.pushes.forget(self._label(engine_index))
+
     def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
-        if handshaken:  # a new engine process starts healthy; a reattached one keeps its status
-            self.pushes.forget(self._label(engine_index))
         if self._on_change is not None:
             self._on_change()
 

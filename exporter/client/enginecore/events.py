@@ -21,6 +21,12 @@ class TransportListener(Protocol):
 
     def on_engine_down(self, engine_index: int, reason: str) -> None: ...
 
+    def on_engine_hello(self, engine_index: int) -> None:
+        """A new engine process began its handshake (its HELLO, before its INIT is sent): what
+        an earlier process of that rank pushed no longer holds. A push the new one makes as
+        soon as its sockets connect, which can be read before its READY is, is its own."""
+        ...
+
     def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
         """The engine is callable: after a new handshake (``handshaken``: it starts over), or
         reattached without one (the same engine process: what it said before still holds)."""

@@ -20,6 +20,7 @@ from exporter.control.verdicts import classify
 from exporter.error import HandshakeError
 from exporter.fleetstate.aggregate import FleetState, aggregate_consensus
 from exporter.protocol import ENGINE_CORE_DEAD, encode_utility_reply
+from exporter.protocol.pushes import FT_STATUS_CALL_ID, encode_ft_status_value
 from tests.harness.owner import OwnerHarnesses, OwnerHarnessFactory
 from tests.harness.rawengine import RawEngine
 from tests.harness.waiting import eventually
@@ -407,3 +408,35 @@ async def test_restart_hello_rehandshakes_and_fails_pending(
     await answer(again, True)
     assert (await call)[0].value is True
     assert h.transport.link_snapshots()[0].handshakes == 2
+
+
+async def test_a_status_pushed_before_ready_is_read_is_kept_and_a_new_hello_forgets_it(
+    harness_factory: OwnerHarnessFactory,
+) -> None:
+    """An engine may push its fault-tolerance status as soon as its output socket connects,
+    before the client reads its READY (two sockets: either may be read first). That status is
+    the new process's own and stays; the next process's HELLO forgets it (it starts healthy)."""
+    h = await harness_factory(1)
+    e = h.engine(0)
+    await e.hello()
+    await e.recv_init()
+    await e.register()
+    unhealthy = encode_ft_status_value(0, "unhealthy", "RuntimeError")
+    await e.send_output(encode_utility_reply(0, FT_STATUS_CALL_ID, value=unhealthy))
+    await eventually(lambda: "0" in h.client.pushes.fault_status, what="the push read")
+    await e.ready()  # read after the push: the up that follows must not forget it
+    await h.transport.wait_connected(2)
+    await asyncio.sleep(0.05)
+    status = h.client.pushes.fault_status.get("0")
+    assert status is not None and status.status == "unhealthy", status
+    assert h.client.engine_details()[0].fault_status == status
+
+    e.close()
+    again = h.engine(0)  # the restarted process, same identity
+    await again.hello()
+    await again.recv_init()  # INIT is sent after the HELLO was handled
+    assert "0" not in h.client.pushes.fault_status  # the old process's status is gone
+    await again.register()
+    await again.ready()
+    await h.transport.wait_connected(2)
+    assert h.client.engine_details()[0].fault_status is None

@@ -182,7 +182,9 @@ async def test_a_status_push_is_kept_published_and_never_taken_for_a_reply() -> 
     assert index == 1 and kept is not None and kept.status == "unhealthy"
     assert c.engine_details()[1].fault_status == kept
     assert faults.counts == {}
-    c.on_engine_up(1, handshaken=True)  # a new engine process starts healthy
+    c.on_engine_up(1, handshaken=True)  # its own status, pushed before its READY was read
+    assert c.engine_details()[1].fault_status == kept
+    c.on_engine_hello(1)  # a new engine process starts healthy
     assert c.engine_details()[1].fault_status is None
 
 

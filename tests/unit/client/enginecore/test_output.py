@@ -28,6 +28,9 @@ class Listener:
     def on_engine_down(self, engine_index: int, reason: str) -> None:
         self.calls.append(("down", engine_index, reason))
 
+    def on_engine_hello(self, engine_index: int) -> None:
+        return None
+
     def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
         self.calls.append(("up", engine_index, handshaken))
 

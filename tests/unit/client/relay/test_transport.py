@@ -96,6 +96,9 @@ class Listener:
     def on_engine_down(self, engine_index: int, reason: str) -> None:
         return None
 
+    def on_engine_hello(self, engine_index: int) -> None:
+        return None
+
     def on_engine_up(self, engine_index: int, handshaken: bool) -> None:
         return None
 
