@@ -14,6 +14,12 @@ from exporter.base import ports
 from exporter.base.ports import free_listen_port, free_port_range, url_host
 
 
+@pytest.fixture(autouse=True)
+def nothing_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with a process that handed out no port yet."""
+    monkeypatch.setattr(ports, "_handed_out", set())
+
+
 @pytest.mark.parametrize(
     ("host", "shown"),
     [
@@ -90,3 +96,26 @@ def test_a_port_range_never_runs_past_65535(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(ports, "_bindable", lambda host, port: True)
     with pytest.raises(RuntimeError, match="no 3 consecutive free ports"):
         free_port_range(3)
+
+
+def test_a_port_is_never_handed_out_twice_nor_one_of_a_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Picks made before anything binds them (a fixed base range, then a handshake port) never
+    name the same port: the bind of the later one would fail with "Address already in use"."""
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (32768, 60999))
+    monkeypatch.setattr(ports, "_bindable", lambda host, port: True)  # nothing is bound yet
+    draws(monkeypatch, [11000, 11000, 11002, 11001, 11003, 11007])
+    assert free_port_range(3) == 11000  # 11000..11002 handed out
+    assert free_listen_port() == 11003  # 11000, 11002 and 11001 skipped
+    assert free_listen_port() == 11007
+    assert ports._handed_out == {11000, 11001, 11002, 11003, 11007}
+
+
+def test_the_memory_of_handed_out_ports_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "MAX_REMEMBERED", 2)
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (32768, 60999))
+    monkeypatch.setattr(ports, "_bindable", lambda host, port: True)
+    draws(monkeypatch, [12000, 12001, 12002])
+    assert [free_listen_port() for _ in range(3)] == [12000, 12001, 12002]
+    assert ports._handed_out == {12002}  # forgotten all at once, then the newest kept
