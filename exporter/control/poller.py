@@ -163,15 +163,15 @@ class Poller:
         """Republish the last snapshot with every rank stale (not routable) once no poll
         completed for ``stale_after_s``: a poll held up, or the poller stopped, must not leave
         the routes answering its old "routable". True when it republished."""
-        snap = self._snapshot
-        marked = None if snap is None else marked_stale(snap, self._wall(), self.stale_after_s)
+        snap, now = self._snapshot, self._wall()
+        marked = None if snap is None else marked_stale(snap, now, self.stale_after_s)
         if snap is None or marked is None:
             return False
         if snap.engines and not snap.engines[0].stale_s:
             log.warning(
                 "no poll completed for %.0f s (a running poller takes at most %.0f s): every "
                 "rank reads stale, not routable, until one does",
-                self._wall() - snap.taken_at_unix,
+                now - snap.taken_at_unix,
                 self.stale_after_s,
             )
         self._snapshot = marked

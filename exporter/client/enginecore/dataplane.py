@@ -221,6 +221,13 @@ class EngineDataPlane(OutputReader):
     def _refusal(self, link: EngineLink) -> str | None:
         """Why this attach mode cannot serve a handshaken engine (None: it can)."""
 
+    def _new_process(self, link: EngineLink) -> None:
+        """A new engine process began its handshake (its HELLO): it starts healthy. What an
+        earlier process pushed is forgotten here, not once the engine is up: a push it makes
+        as soon as its sockets connect can be read before its READY is, and is its own."""
+        link.fault_status = None
+        self._listener.on_engine_hello(link.engine_index)
+
     def _maybe_up(self, link: EngineLink) -> None:
         """READY and the registration travel on different connections: up when both came."""
         if link.phase is not Phase.INIT_SENT or not (link.ready and link.registered):
@@ -233,7 +240,6 @@ class EngineDataPlane(OutputReader):
             log.error("engine %d refused: %s", link.engine_index, reason)
             return
         link.refused = None
-        link.fault_status = None  # a new handshake: the engine starts healthy
         self._set_phase(link, Phase.UP)
         log.info("engine %d connected (client_index %s)", link.engine_index, link.slot)
         self._write_state()

@@ -126,7 +126,7 @@ class OwnerTransport(EngineDataPlane):
         link.registration = None
         link.slot = 0
         link.handshakes += 1
-        self._listener.on_engine_hello(link.engine_index)
+        self._new_process(link)
         init = self._init_for(link)
         sock.send_multipart([link.identity, init], flags=zmq.NOBLOCK)
         self._set_phase(link, Phase.INIT_SENT)

@@ -258,7 +258,7 @@ class RelayTransport(EngineDataPlane):
         link.init_upstream = link.init_forwarded = None
         link.handshakes += 1
         link.attempt += 1
-        self._listener.on_engine_hello(link.engine_index)
+        self._new_process(link)
         upstream = sockets.async_socket(
             self._ctx, zmq.DEALER, linger_ms=self.config.upstream_linger_ms
         )

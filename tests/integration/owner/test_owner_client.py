@@ -430,12 +430,15 @@ async def test_a_status_pushed_before_ready_is_read_is_kept_and_a_new_hello_forg
     status = h.client.pushes.fault_status.get("0")
     assert status is not None and status.status == "unhealthy", status
     assert h.client.engine_details()[0].fault_status == status
+    # The state file's copy too: a restarted exporter must not read this rank healthy.
+    assert h.transport.link_snapshots()[0].fault_status == status
 
     e.close()
     again = h.engine(0)  # the restarted process, same identity
     await again.hello()
     await again.recv_init()  # INIT is sent after the HELLO was handled
     assert "0" not in h.client.pushes.fault_status  # the old process's status is gone
+    assert h.transport.link_snapshots()[0].fault_status is None
     await again.register()
     await again.ready()
     await h.transport.wait_connected(2)

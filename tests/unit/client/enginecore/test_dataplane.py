@@ -87,8 +87,11 @@ def test_an_engine_is_up_once_both_ready_and_its_registration_came() -> None:
     out._on_input_frames(registration(4, vllm_version="0.33.1"))
     assert link.phase is Phase.UP and out.is_callable(4)
     assert link.registration is not None and link.registration.vllm_version == "0.33.1"
-    assert link.fault_status is None  # a new handshake starts healthy
+    # Pushed after its HELLO (before READY was read): the new process's own, kept.
+    assert link.fault_status == FaultStatus("unhealthy", None, 1.0)
     assert listener.calls == [("up", 4, True)]
+    out._new_process(link)  # its next process's HELLO: that one starts healthy
+    assert link.fault_status is None
 
 
 def test_an_engine_the_mode_cannot_serve_is_refused_and_counted() -> None:
